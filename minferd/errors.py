@@ -1,0 +1,18 @@
+"""Typed errors. Every layer raises these; the gRPC edge maps them to status codes in one place."""
+
+
+class MinferdError(Exception):
+    """Base of every error minferd raises on purpose."""
+
+
+class ModelFileError(MinferdError):
+    """A GGUF file that cannot be loaded: names the file and the problem."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class InvalidRequest(MinferdError):
+    """A request or argument that is wrong in itself (bad sampling parameter, empty prompt, ...)."""
