@@ -1,0 +1,95 @@
+"""Prefill and decode throughput of one model per matmul path, in llama-bench's shape.
+
+    python bench/bench.py MODEL.gguf [--paths mmq,w16] [-p 128,512] [-n 32] [-r 3] [--json F]
+
+MODEL may be gemma3-270m (the model that installs from PyPI). Each test runs -r times; the
+table gives the median and the spread (min..max) in tokens per second, plus the load time and
+the bytes each path holds. Figures from one run are comparable with each other, not across
+machines or runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from minferd.model.generate import prefill
+from minferd.model.loader import load_local
+
+
+def _tokens(n: int, n_vocab: int, seed: int) -> np.ndarray:
+    # Ordinary ids away from the control tokens at both ends of most vocabularies.
+    return np.random.default_rng(seed).integers(300, min(n_vocab, 30000), n)
+
+
+def bench_prefill(lm, n_tokens: int, reps: int) -> list[float]:
+    be, s = lm.model.be, lm.spec
+    out = []
+    for r in range(reps):
+        cache = be.alloc_kv(s.n_layers, n_tokens, s.n_kv_heads, s.head_dim)
+        t = time.perf_counter()
+        prefill(lm.model, _tokens(n_tokens, s.n_vocab, r), cache)
+        out.append(n_tokens / (time.perf_counter() - t))
+        be.free(cache)
+    return out
+
+
+def bench_decode(lm, n_tokens: int, reps: int) -> list[float]:
+    be, s = lm.model.be, lm.spec
+    out = []
+    for r in range(reps):
+        cache = be.alloc_kv(s.n_layers, n_tokens + 1, s.n_kv_heads, s.head_dim)
+        ids = _tokens(n_tokens + 1, s.n_vocab, 100 + r)
+        prefill(lm.model, ids[:1], cache)
+        t = time.perf_counter()
+        for tok in ids[1:]:
+            be.to_host(lm.model.forward(np.array([tok]), cache))
+        out.append(n_tokens / (time.perf_counter() - t))
+        be.free(cache)
+    return out
+
+
+def held_bytes(lm) -> dict:
+    w = lm.model.w.values()
+    return {"weights": int(sum(x.data.nbytes for x in w)),
+            "w16": int(sum(x.w16.nbytes for x in w if x.w16 is not None))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--paths", default="mmq,w16")
+    ap.add_argument("-p", default="128", help="prompt lengths, comma-separated")
+    ap.add_argument("-n", type=int, default=32, help="tokens to decode")
+    ap.add_argument("-r", type=int, default=3, help="repeats")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    args = ap.parse_args(argv)
+    rows = []
+    for path in args.paths.split(","):
+        lm = load_local(args.model, path, args.threads)
+        mem = held_bytes(lm)
+        tests = [(f"pp{p}", bench_prefill, int(p)) for p in args.p.split(",") if p] + \
+                ([(f"tg{args.n}", bench_decode, args.n)] if args.n else [])
+        for name, fn, n in tests:
+            fn(lm, min(n, 8), 1)  # warm-up
+            ts = fn(lm, n, args.r)
+            rows.append({"model": lm.file.path.name, "path": path, "test": name,
+                         "tok_s_median": statistics.median(ts), "tok_s_min": min(ts), "tok_s_max": max(ts),
+                         "load_ms": lm.load_ms, "bytes": mem, "threads": lm.model.be.threads})
+            r = rows[-1]
+            print(f"| {r['model']} | {path:7s} | {name:6s} | {r['tok_s_median']:9.2f} "
+                  f"({r['tok_s_min']:.2f}..{r['tok_s_max']:.2f}) | load {lm.load_ms:7.0f} ms | "
+                  f"weights {mem['weights'] / 2**20:7.1f} MiB w16 {mem['w16'] / 2**20:7.1f} MiB |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The op set every backend implements, and the objects it hands to models.
+
+A model holds only `Weight`s and `KVCache`s from its backend and calls the ops below; it never
+sees NumPy or CuPy directly except through plain arithmetic on the arrays the ops return.
+"""
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minferd.kernels.quant import QuantType
+
+
+class MatmulPath(str, enum.Enum):
+    """How a model's prefill matmuls read quantized weights (DESIGN.md, "The problem it solves")."""
+
+    W16 = "w16"  # resident f16 copy, dense GEMM
+    MMQ = "mmq"  # int8-quantized activations x quantized weights
+    FUSED_B = "fused_b"  # dequantize weight tiles inside the GEMM
+
+
+@dataclass(slots=True, eq=False)
+class Weight:
+    """One tensor on a backend: its quantized bytes, and for W16 models an f16 copy."""
+
+    name: str
+    qtype: QuantType
+    shape: tuple[int, ...]  # GGUF order: shape[0] is the row length (K for a matmul)
+    data: object  # backend array of the raw bytes, (rows, row_bytes) uint8; or f32 for vectors
+    w16: object = None  # backend f16 array (rows, K), present only under the W16 plan
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+
+    @property
+    def row_elems(self) -> int:
+        return self.shape[0]
+
+
+@dataclass(slots=True, eq=False)
+class KVCache:
+    """Per-layer K and V arrays, each (slots, n_kv_heads, head_dim); slot = token position."""
+
+    k: list
+    v: list
+    slots: int
+    n_tokens: int = 0  # positions [0, n_tokens) hold valid keys and values
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name: str
+
+    # ---- memory --------------------------------------------------------------------------
+    @abstractmethod
+    def upload(self, name: str, qtype: QuantType, shape: tuple[int, ...], raw: np.ndarray) -> Weight:
+        """Copy a tensor's raw bytes (rows, row_bytes) to the backend. Vectors become f32."""
+
+    @abstractmethod
+    def make_w16(self, w: Weight) -> int:
+        """Build the resident f16 copy of a matmul weight; returns the bytes it holds."""
+
+    @abstractmethod
+    def drop_w16(self, w: Weight) -> int:
+        """Free the f16 copy; returns the bytes freed."""
+
+    @abstractmethod
+    def alloc_kv(self, n_layers: int, slots: int, n_kv_heads: int, head_dim: int) -> KVCache: ...
+
+    @abstractmethod
+    def free(self, *objs) -> None:
+        """Release Weights and KVCaches now rather than whenever Python collects them."""
+
+    @abstractmethod
+    def to_device(self, a: np.ndarray): ...
+
+    @abstractmethod
+    def to_host(self, a) -> np.ndarray: ...
+
+    # ---- ops -----------------------------------------------------------------------------
+    @abstractmethod
+    def matmul(self, x, w: Weight):
+        """x (n, K) f32 times w's rows: (n, rows) f32."""
+
+    @abstractmethod
+    def embed(self, ids: np.ndarray, w: Weight):
+        """Rows `ids` of an embedding table, dequantized: (n, K) f32."""
+
+    @abstractmethod
+    def rmsnorm(self, x, weight: Weight, eps: float):
+        """RMS-normalise over the last axis, times weight (broadcast over leading axes)."""
+
+    @abstractmethod
+    def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None):
+        """Rotate x (n, heads, head_dim) in place or not; returns the rotated array."""
+
+    @abstractmethod
+    def kv_write(self, cache: KVCache, layer: int, positions: np.ndarray, k, v) -> None: ...
+
+    @abstractmethod
+    def attention(self, q, cache: KVCache, layer: int, positions: np.ndarray, window: int, scale: float):
+        """Causal GQA attention of q (n, Hq, D) over the cache's first positions[-1]+1 slots,
+        keys further than `window` back masked (0 = no window); returns (n, Hq * D)."""
+
+    @abstractmethod
+    def swiglu(self, gate, up): ...
+
+    @abstractmethod
+    def gelu_gate(self, gate, up):
+        """gelu_tanh(gate) * up (Gemma's GeGLU)."""

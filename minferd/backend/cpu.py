@@ -1,0 +1,158 @@
+"""The CPU backend: the op set in NumPy with f32 math. The reference every other backend is
+checked against, and what CI runs.
+
+It honours the matmul plan so that memory is real here too: a W16 weight keeps a resident f16
+copy (2 B per element, what the pool counts as w16); otherwise each weight is dequantized at
+use, in row blocks, from its quantized bytes. Row blocks run on a thread pool: NumPy releases
+the GIL inside its large array operations, so dequantization scales with cores.
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from minferd.backend.base import Backend, KVCache, Weight
+from minferd.kernels.dequant_ref import dequantize
+from minferd.kernels.quant import QuantType, row_bytes
+
+# A row block's f32 dequant should stay cache-sized: about 1 MiB of floats.
+BLOCK_ELEMS = 1 << 18
+W16_MIN_TOKENS = 1  # on the CPU reading the f16 copy is never slower than dequantizing
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="minferd-cpu")
+
+    # ---- memory --------------------------------------------------------------------------
+    def upload(self, name, qtype: QuantType, shape, raw: np.ndarray) -> Weight:
+        w = Weight(name, qtype, tuple(shape), None)
+        if len(shape) == 1 or w.n_rows == 1:
+            # Norm weights and biases: small, used every token; keep them as f32.
+            w.data = dequantize(qtype, raw, 1, w.row_elems * w.n_rows)[0]
+        else:
+            w.data = np.array(raw, dtype=np.uint8, copy=True).reshape(w.n_rows, row_bytes(qtype, w.row_elems))
+        return w
+
+    def make_w16(self, w: Weight) -> int:
+        if w.w16 is None:
+            w16 = np.empty((w.n_rows, w.row_elems), np.float16)
+            for r0, r1 in self._row_blocks(w):
+                w16[r0:r1] = self._dequant_rows(w, r0, r1)
+            w.w16 = w16
+        return w.w16.nbytes
+
+    def drop_w16(self, w: Weight) -> int:
+        n = 0 if w.w16 is None else w.w16.nbytes
+        w.w16 = None
+        return n
+
+    def alloc_kv(self, n_layers, slots, n_kv_heads, head_dim) -> KVCache:
+        shape = (slots, n_kv_heads, head_dim)
+        return KVCache([np.zeros(shape, np.float32) for _ in range(n_layers)],
+                       [np.zeros(shape, np.float32) for _ in range(n_layers)], slots)
+
+    def free(self, *objs) -> None:
+        for o in objs:
+            if isinstance(o, Weight):
+                o.data = o.w16 = None
+            elif isinstance(o, KVCache):
+                o.k.clear()
+                o.v.clear()
+
+    def to_device(self, a):
+        return np.asarray(a)
+
+    def to_host(self, a):
+        return np.asarray(a)
+
+    # ---- matmul --------------------------------------------------------------------------
+    def _row_blocks(self, w: Weight):
+        step = max(1, BLOCK_ELEMS // w.row_elems)
+        return [(r, min(r + step, w.n_rows)) for r in range(0, w.n_rows, step)]
+
+    def _dequant_rows(self, w: Weight, r0: int, r1: int) -> np.ndarray:
+        if w.w16 is not None:
+            return w.w16[r0:r1].astype(np.float32)
+        return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems)
+
+    def matmul(self, x, w: Weight):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.empty((x.shape[0], w.n_rows), np.float32)
+
+        def block(r):
+            r0, r1 = r
+            np.matmul(x, self._dequant_rows(w, r0, r1).T, out=y[:, r0:r1])
+
+        list(self._pool.map(block, self._row_blocks(w)))
+        return y
+
+    def embed(self, ids, w: Weight):
+        ids = np.asarray(ids, dtype=np.int64)
+        if w.w16 is not None:
+            return w.w16[ids].astype(np.float32)
+        return dequantize(w.qtype, w.data[ids], len(ids), w.row_elems)
+
+    # ---- small ops -----------------------------------------------------------------------
+    def rmsnorm(self, x, weight: Weight, eps):
+        ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+        return (x / np.sqrt(ms + np.float32(eps))) * weight.data
+
+    def rope(self, x, positions, base, scale, neox, freq_factors=None):
+        n, h, d = x.shape
+        inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        if freq_factors is not None:
+            inv = inv / np.asarray(freq_factors, np.float64)
+        ang = (np.asarray(positions, np.float64)[:, None] * scale) * inv[None, :]  # (n, d/2)
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        if neox:
+            a, b = x[..., : d // 2], x[..., d // 2:]
+        else:
+            a, b = x[..., 0::2], x[..., 1::2]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        out = np.empty_like(x)
+        if neox:
+            out[..., : d // 2], out[..., d // 2:] = ra, rb
+        else:
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        return out
+
+    def kv_write(self, cache: KVCache, layer, positions, k, v):
+        cache.k[layer][positions] = k
+        cache.v[layer][positions] = v
+
+    def attention(self, q, cache: KVCache, layer, positions, window, scale):
+        n, hq, d = q.shape
+        positions = np.asarray(positions)
+        n_keys = int(positions[-1]) + 1
+        k, v = cache.k[layer][:n_keys], cache.v[layer][:n_keys]
+        hkv = k.shape[1]
+        group = hq // hkv
+        key_pos = np.arange(n_keys)
+        allowed = key_pos[None, :] <= positions[:, None]
+        if window:
+            allowed &= positions[:, None] - key_pos[None, :] < window
+        bias = np.where(allowed, np.float32(0), np.float32(-np.inf))  # (n, n_keys)
+        out = np.empty((n, hq, d), np.float32)
+        for g in range(hkv):
+            qg = q[:, g * group:(g + 1) * group, :].transpose(1, 0, 2)  # (group, n, d)
+            s = np.matmul(qg, k[:, g, :].T) * np.float32(scale) + bias  # (group, n, n_keys)
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            out[:, g * group:(g + 1) * group, :] = np.matmul(s, v[:, g, :]).transpose(1, 0, 2)
+        return out.reshape(n, hq * d)
+
+    def swiglu(self, gate, up):
+        return gate / (np.float32(1) + np.exp(-gate)) * up
+
+    def gelu_gate(self, gate, up):
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        return np.float32(0.5) * gate * (np.float32(1) + np.tanh(c * (gate + np.float32(0.044715) * gate ** 3))) * up

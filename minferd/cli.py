@@ -1,0 +1,147 @@
+"""`minferd`: the daemon's command line (synth, run, score; serve and plan join later).
+
+Every known failure prints one line naming the file and the problem on stderr and exits 2;
+a traceback means a bug.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from minferd.errors import InvalidRequest, MinferdError
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise InvalidRequest(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a GGUF path, or gemma3-270m for the model that installs from PyPI")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="text, tokenized as the model's metadata says (BOS where add_bos_token)")
+    g.add_argument("--prompt-ids", help="comma-separated token ids, fed exactly (no BOS added)")
+    p.add_argument("--matmul-path", default="mmq", choices=["w16", "mmq", "fused_b"],
+                   help="w16 keeps a dequantized copy; the others dequantize at use (default mmq)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _prompt(args, loaded) -> list[int]:
+    if args.prompt_ids is not None:
+        return _ids(args.prompt_ids)
+    text = args.prompt
+    if getattr(args, "chat", False):
+        text = loaded.tokenizer.render_chat([{"role": "user", "content": text}])
+    return loaded.tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+def cmd_synth(args) -> int:
+    from minferd.model.synth import write_model
+    types = write_model(args.out, args.arch, args.preset, args.quant, args.seed, args.random_blocks)
+    if args.json:
+        print(json.dumps({"path": args.out, "tensors": types}))
+    else:
+        mix = {}
+        for t in types.values():
+            mix[t] = mix.get(t, 0) + 1
+        print(f"wrote {args.out}: {args.arch} {args.preset} {args.quant}, "
+              + ", ".join(f"{n} {t}" for t, n in sorted(mix.items())))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from minferd.model.generate import generate
+    from minferd.model.loader import load_local
+    from minferd.model.sampler import SamplingParams
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
+                            max_tokens=args.max_tokens, stop=tuple(args.stop or ()))
+    loaded = load_local(args.model, args.matmul_path, args.threads)
+    ids = _prompt(args, loaded)
+    ctx = args.ctx or min(loaded.spec.ctx_train, len(ids) + args.max_tokens)
+    stream = None if args.json else (lambda tok, piece: print(piece, end="", flush=True))
+    res = generate(loaded.model, loaded.tokenizer, ids, params, ctx, on_piece=stream)
+    res.timings["load_ms"] = loaded.load_ms
+    if args.json:
+        print(json.dumps({"token_ids": res.token_ids, "text": res.text, "prompt_tokens": res.prompt_tokens,
+                          "finish_reason": res.finish_reason, "timings": res.timings}))
+    else:
+        t = res.timings
+        print(f"\n[{res.prompt_tokens} prompt tokens, {len(res.token_ids)} generated ({res.finish_reason}); "
+              f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_score(args) -> int:
+    from minferd.model.generate import score
+    from minferd.model.loader import load_local
+    loaded = load_local(args.model, args.matmul_path, args.threads)
+    ids = _prompt(args, loaded)
+    res = score(loaded.model, ids, args.top_k)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    tok = loaded.tokenizer
+    for i, pos in enumerate(res["positions"]):
+        here = tok.decode([ids[i]])
+        tops = "  ".join(f"{tok.decode([t])!r} {lp:.2f}" for t, _, lp in pos["top"])
+        print(f"{i:4d} {here!r:>16} -> {tops}")
+    print(f"perplexity {res['perplexity']:.4f} over {len(ids) - 1} predicted tokens")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="minferd", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("synth", help="write a synthetic GGUF model")
+    p.add_argument("out")
+    p.add_argument("--arch", required=True, choices=["llama", "qwen2", "qwen3", "gemma3"])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--quant", default="q8_0", help="one of the 13 types (lower case) or q4_k_m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--random-blocks", action="store_true", help="random quantized blocks (fast, for perf files)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_synth)
+
+    p = sub.add_parser("run", help="load a model in-process on the CPU and generate")
+    _add_prompt_args(p)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="KV cache length (default: prompt + max tokens)")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("score", help="teacher-forced top-k next tokens at every position, and perplexity")
+    _add_prompt_args(p)
+    p.add_argument("--top-k", type=int, default=5)
+    p.set_defaults(fn=cmd_score)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except MinferdError as e:
+        print(f"minferd {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. an unwritable synth output
+        print(f"minferd {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

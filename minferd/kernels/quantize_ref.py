@@ -1,0 +1,238 @@
+"""Reference quantizers (f32 -> GGUF block bytes) and random block generators.
+
+They exist to make test fixtures and synthetic models, not to compete with llama.cpp's
+quantize: the 32-element types go through gguf.quants (bit-exact with ggml's reference
+quantizers), and the K-quants here are a vectorized simplification of ggml's
+make_qkx2_quants / make_qx_quants (a small grid of candidate scales per sub-block, least
+squares refit, then the sub-block scales quantized against the super-block's f16 d).
+The error is bounded (tests/unit/test_quant.py states the bounds), not minimal.
+
+Byte layouts mirror dequant_ref.py; read that file for where each bit lives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .quant import QuantType, row_bytes
+
+_U8 = np.uint8
+_SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=_U8).reshape(1, 1, 4, 1)
+_SHIFT_1BIT = np.arange(8, dtype=_U8).reshape(1, 8, 1)
+
+
+def _f16_round(v: np.ndarray) -> np.ndarray:
+    """v as it will read back after storing as f16 (the dequantizer sees only that)."""
+    return v.astype(np.float16).astype(np.float32)
+
+
+def _put_f16(out: np.ndarray, off: int, v: np.ndarray) -> None:
+    out[:, off:off + 2] = v.astype(np.float16).reshape(-1, 1).view(_U8)
+
+
+def _safe_div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b != 0, a / np.where(b != 0, b, 1), 0).astype(np.float32)
+
+
+def _affine_fit(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of x (..., n): scale >= 0 and m >= 0 with x ~ scale*q - m, q in 0..nmax.
+    Tries a grid of candidate inverse scales, refits (scale, m) by least squares on each
+    candidate's q, keeps the lowest squared error. As ggml, m is clamped so that 0 is
+    representable (the block minimum is taken as min(x, 0))."""
+    lo = np.minimum(x.min(-1, keepdims=True), 0)
+    span = x.max(-1, keepdims=True) - lo
+    steps = np.arange(-10, 11, dtype=np.float32) * 0.1              # ggml: nmax-1 .. nmax+1
+    iscale = _safe_div(nmax + steps, span)[..., None, :]           # (..., 1, C)
+    xc = (x - lo)[..., :, None]                                    # (..., n, 1)
+    q = np.clip(np.rint(xc * iscale), 0, nmax)                     # (..., n, C)
+    n = x.shape[-1]
+    xs = x[..., :, None]
+    sq, sx, sqq, sqx = q.sum(-2), xs.sum(-2), (q * q).sum(-2), (q * xs).sum(-2)
+    det = n * sqq - sq * sq
+    scale = _safe_div(n * sqx - sq * sx, det)
+    off = _safe_div(sx - scale * sq, np.float32(n))
+    # The format's min is subtracted and must be >= 0: refit scale alone where it is not.
+    pos = off > 0
+    scale = np.where(pos, _safe_div(sqx, sqq), scale)
+    off = np.where(pos, 0, off)
+    err = ((scale[..., None, :] * q + off[..., None, :] - xs) ** 2).sum(-2)
+    best = err.argmin(-1)[..., None]
+    return (np.take_along_axis(scale, best, -1)[..., 0].clip(0),
+            -np.take_along_axis(off, best, -1)[..., 0])
+
+
+def _symmetric_fit(x: np.ndarray, nmax: int, n_steps: int = 19) -> np.ndarray:
+    """Per row of x (..., n): a signed scale with x ~ scale*q, q in -nmax..nmax-1 (ggml's
+    make_qx_quants: the largest-magnitude value maps to -nmax, then a search nearby)."""
+    amax_i = np.abs(x).argmax(-1)[..., None]
+    vmax = np.take_along_axis(x, amax_i, -1)                       # signed, (..., 1)
+    steps = np.arange(-(n_steps // 2), n_steps // 2 + 1, dtype=np.float32) * 0.1
+    iscale = _safe_div(-(nmax + steps), vmax)[..., None, :]        # (..., 1, C)
+    xs = x[..., :, None]
+    q = np.clip(np.rint(xs * iscale), -nmax, nmax - 1)
+    sqx, sqq = (q * xs).sum(-2), (q * q).sum(-2)
+    best = _safe_div(sqx * sqx, sqq).argmax(-1)[..., None]         # max explained energy
+    return np.take_along_axis(_safe_div(sqx, sqq), best, -1)[..., 0]
+
+
+def _quant_affine(x, sub: int, nmax: int, sbits: int):
+    """Shared by Q2_K/Q4_K/Q5_K: sub-block scale/min fitted, quantized to sbits against
+    f16 d/dmin, then q recomputed from the stored values. Returns (d, dmin, ls, lm, q)."""
+    nb = len(x)
+    xs = x.reshape(nb, -1, sub)
+    scale, mins = _affine_fit(xs, nmax)
+    smax = (1 << sbits) - 1
+    d = _f16_round(scale.max(-1, keepdims=True) / smax)
+    dmin = _f16_round(mins.max(-1, keepdims=True) / smax)
+    ls = np.clip(np.rint(_safe_div(scale, d)), 0, smax)
+    lm = np.clip(np.rint(_safe_div(mins, dmin)), 0, smax)
+    dl, ml = d * ls, dmin * lm
+    q = np.clip(np.rint(_safe_div(xs + ml[..., None], dl[..., None])), 0, nmax)
+    return d[:, 0], dmin[:, 0], ls.astype(_U8), lm.astype(_U8), q.astype(_U8).reshape(nb, 256)
+
+
+def _quant_symmetric(x, nmax: int, smax: int):
+    """Shared by Q3_K/Q6_K: 16 sub-blocks of 16, signed scales quantized to -smax..smax-1
+    against f16 d. Returns (d, ls int, q offset by +nmax as uint8)."""
+    nb = len(x)
+    xs = x.reshape(nb, 16, 16)
+    scale = _symmetric_fit(xs, nmax)
+    imax = np.abs(scale).argmax(-1)[:, None]
+    d = _f16_round(np.take_along_axis(scale, imax, -1) / -smax)
+    ls = np.clip(np.rint(_safe_div(scale, d)), -smax, smax - 1)
+    q = np.clip(np.rint(_safe_div(xs, (d * ls)[..., None])), -nmax, nmax - 1) + nmax
+    return d[:, 0], ls.astype(np.int8), q.astype(_U8).reshape(nb, 256)
+
+
+def _pack_crumbs(q: np.ndarray) -> np.ndarray:
+    """Inverse of dequant_ref._crumbs: (nb, 256) values 0..3 -> (nb, 64) bytes."""
+    nb = len(q)
+    return np.bitwise_or.reduce((q.reshape(nb, 2, 4, 32) & 3) << _SHIFT_2BIT, axis=2).reshape(nb, 64)
+
+
+def _pack_bitplanes(bits: np.ndarray) -> np.ndarray:
+    """(nb, 8, 32) bits [s, l] -> (nb, 32) bytes with bit s of byte l."""
+    return np.bitwise_or.reduce((bits & 1) << _SHIFT_1BIT, axis=1)
+
+
+def _pack_nibbles(q: np.ndarray, nb: int) -> np.ndarray:
+    """(nb, chunks, 2, 32) -> (nb, chunks*32): low nibble from [.., 0, :], high from [.., 1, :]."""
+    return ((q[..., 0, :] & 0x0F) | (q[..., 1, :] << 4)).reshape(nb, -1)
+
+
+def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    return np.concatenate([ls[:, :4] | ((ls[:, 4:] >> 4) << 6),
+                           lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
+                           (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)], axis=1)
+
+
+def _q_q2_k(x, out):
+    d, dmin, ls, lm, q = _quant_affine(x, 16, 3, 4)
+    out[:, 0:16] = ls | (lm << 4)
+    out[:, 16:80] = _pack_crumbs(q)
+    _put_f16(out, 80, d)
+    _put_f16(out, 82, dmin)
+
+
+def _q_q3_k(x, out):
+    nb = len(x)
+    d, ls, q = _quant_symmetric(x, 4, 32)
+    out[:, 0:32] = _pack_bitplanes(q.reshape(nb, 8, 32) >> 2)
+    out[:, 32:96] = _pack_crumbs(q)
+    u = (ls + 32).astype(_U8)
+    high = (u >> 4).reshape(nb, 4, 4)  # [i//4, i%4] -> byte 8 + i%4, bits 2*(i//4)
+    out[:, 96:104] = (u[:, 0:8] & 0x0F) | (u[:, 8:16] << 4)
+    out[:, 104:108] = np.bitwise_or.reduce(high << _SHIFT_2BIT[0], axis=1)
+    _put_f16(out, 108, d)
+
+
+def _q_q4_k(x, out):
+    nb = len(x)
+    d, dmin, ls, lm, q = _quant_affine(x, 32, 15, 6)
+    _put_f16(out, 0, d)
+    _put_f16(out, 2, dmin)
+    out[:, 4:16] = _pack_scale_min_k4(ls, lm)
+    out[:, 16:144] = _pack_nibbles(q.reshape(nb, 4, 2, 32), nb)
+
+
+def _q_q5_k(x, out):
+    nb = len(x)
+    d, dmin, ls, lm, q = _quant_affine(x, 32, 31, 6)
+    _put_f16(out, 0, d)
+    _put_f16(out, 2, dmin)
+    out[:, 4:16] = _pack_scale_min_k4(ls, lm)
+    out[:, 16:48] = _pack_bitplanes(q.reshape(nb, 8, 32) >> 4)
+    out[:, 48:176] = _pack_nibbles(q.reshape(nb, 4, 2, 32), nb)
+
+
+def _q_q6_k(x, out):
+    nb = len(x)
+    d, ls, q = _quant_symmetric(x, 32, 128)
+    q5 = q.reshape(nb, 2, 2, 2, 32)  # [h, k//2, k%2, l]
+    out[:, 0:128] = _pack_nibbles(q5.transpose(0, 1, 3, 2, 4), nb)
+    out[:, 128:192] = np.bitwise_or.reduce(((q.reshape(nb, 2, 4, 32) >> 4) & 3) << _SHIFT_2BIT,
+                                           axis=2).reshape(nb, 64)
+    out[:, 192:208] = ls.view(_U8)
+    _put_f16(out, 208, d)
+
+
+_K_QUANTIZERS = {"Q2_K": _q_q2_k, "Q3_K": _q_q3_k, "Q4_K": _q_q4_k, "Q5_K": _q_q5_k, "Q6_K": _q_q6_k}
+_K_CHUNK = 1024  # super-blocks per call: bounds the (blocks x candidates) temporaries
+
+
+def quantize(qt: QuantType, f32_2d: np.ndarray) -> np.ndarray:
+    """Quantize rows of f32 values to their GGUF bytes: uint8 (rows, row_bytes)."""
+    x = np.ascontiguousarray(f32_2d, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"{qt.name}: expected a 2-D array of rows, got shape {x.shape}")
+    rows, n = x.shape
+    rb = row_bytes(qt, n)
+    if qt.name in _K_QUANTIZERS:
+        blocks = x.reshape(-1, qt.block_elems)
+        out = np.empty((len(blocks), qt.block_bytes), _U8)
+        for i in range(0, len(blocks), _K_CHUNK):
+            _K_QUANTIZERS[qt.name](blocks[i:i + _K_CHUNK], out[i:i + _K_CHUNK])
+        return out.reshape(rows, rb)
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType
+    q = gguf.quants.quantize(x, GGMLQuantizationType(qt.ggml_id))
+    return np.ascontiguousarray(q).view(_U8).reshape(rows, rb)
+
+
+# f16 fields of each type: (byte offset, may be negative). Scales (d, dmin) stay
+# positive as ggml writes them; Q4_1/Q5_1's m is a signed offset.
+_F16_FIELDS = {
+    "Q4_0": ((0, False),), "Q4_1": ((0, False), (2, True)), "Q5_0": ((0, False),),
+    "Q5_1": ((0, False), (2, True)), "Q8_0": ((0, False),), "Q2_K": ((80, False), (82, False)),
+    "Q3_K": ((108, False),), "Q4_K": ((0, False), (2, False)), "Q5_K": ((0, False), (2, False)),
+    "Q6_K": ((208, False),),
+}
+_F16_LO, _F16_HI = 0x1418, 0x211F  # f16 bit patterns of ~1.0e-3 and ~1.0e-2: finite, normal
+# Plain float types: keep random sign and mantissa, force the exponent into a benign
+# range so there is no inf/NaN/denormal: |x| in [2^-7, 2) for F32/BF16, [2^-3, 2) for F16.
+_FLOAT_MASKS = {"F32": (np.uint32, 0x83FFFFFF, 0x3C000000),
+                "BF16": (np.uint16, 0x83FF, 0x3C00), "F16": (np.uint16, 0x8FFF, 0x3000)}
+
+
+def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes in qt's layout with benign f16 scales (d, dmin in ~[1e-3, 1e-2]),
+    random packed quants and sub-block scales: uint8 (rows, row_bytes). Fast enough to
+    fill multi-GB synthetic GGUF files: raw generator words, then the few scale
+    fields overwritten in place."""
+    rb = row_bytes(qt, row_elems)
+    n = rows * rb
+    buf = rng.bit_generator.random_raw((n + 7) // 8).view(_U8)[:n]
+    if qt.name in _FLOAT_MASKS:
+        dt, keep, force = _FLOAT_MASKS[qt.name]
+        words = buf.view(dt)
+        words &= dt(keep)
+        words |= dt(force)
+        return buf.reshape(rows, rb)
+    blocks = buf.reshape(-1, qt.block_bytes)
+    for off, signed in _F16_FIELDS[qt.name]:
+        vals = rng.integers(_F16_LO, _F16_HI + 1, size=len(blocks), dtype=np.uint16)
+        if signed:
+            vals |= (rng.integers(0, 2, size=len(blocks), dtype=np.uint16) << 15).astype(np.uint16)
+        blocks[:, off:off + 2].view(np.uint16)[:, 0] = vals
+    return buf.reshape(rows, rb)

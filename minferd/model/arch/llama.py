@@ -1,0 +1,108 @@
+"""The llama decoder: pre-norm attention (GQA, rope) and a SwiGLU MLP. Qwen2 and Qwen3 are
+small variations of it (arch/qwen2.py, arch/qwen3.py); Gemma 3 reuses its plumbing.
+
+A model is given its weights already on a backend; reading files is the loader's job.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from minferd.backend.base import Backend, KVCache, Weight
+from minferd.model.spec import ModelSpec
+
+# Tensor roles decide which types are acceptable: matmul and embedding weights may be any of
+# the 13 types; norms and biases are small vectors kept in float.
+MATMUL, EMBED, VECTOR = "matmul", "embed", "vector"
+
+
+class LlamaModel:
+    def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
+        self.spec, self.w, self.be = spec, weights, backend
+        self.output = weights.get("output.weight") or weights["token_embd.weight"]
+        self.freq_factors = None
+        if "rope_freqs.weight" in weights:
+            self.freq_factors = backend.to_host(weights["rope_freqs.weight"].data)
+
+    # ---- the tensors a file must hold -----------------------------------------------------
+    @classmethod
+    def expected_tensors(cls, s: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (GGUF shape, role) of every tensor the forward pass reads."""
+        t = {"token_embd.weight": ((s.hidden, s.n_vocab), EMBED),
+             "output_norm.weight": ((s.hidden,), VECTOR)}
+        if not s.tied_embeddings:
+            t["output.weight"] = ((s.hidden, s.n_vocab), MATMUL)
+        for i in range(s.n_layers):
+            t.update(cls.layer_tensors(s, f"blk.{i}."))
+        return t
+
+    @classmethod
+    def optional_tensors(cls, s: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {"rope_freqs.weight": ((s.head_dim // 2,), VECTOR)}
+
+    @classmethod
+    def layer_tensors(cls, s: ModelSpec, p: str) -> dict:
+        return {
+            p + "attn_norm.weight": ((s.hidden,), VECTOR),
+            p + "attn_q.weight": ((s.hidden, s.q_dim), MATMUL),
+            p + "attn_k.weight": ((s.hidden, s.kv_dim), MATMUL),
+            p + "attn_v.weight": ((s.hidden, s.kv_dim), MATMUL),
+            p + "attn_output.weight": ((s.q_dim, s.hidden), MATMUL),
+            p + "ffn_norm.weight": ((s.hidden,), VECTOR),
+            p + "ffn_gate.weight": ((s.hidden, s.ffn), MATMUL),
+            p + "ffn_up.weight": ((s.hidden, s.ffn), MATMUL),
+            p + "ffn_down.weight": ((s.ffn, s.hidden), MATMUL),
+        }
+
+    # ---- forward ---------------------------------------------------------------------------
+    def forward(self, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
+        """Run tokens `ids` at positions cache.n_tokens.. and append them to the cache.
+        Returns logits (n, vocab) for every position if all_logits, else (1, vocab) for the last."""
+        s, be = self.spec, self.be
+        n = len(ids)
+        positions = np.arange(cache.n_tokens, cache.n_tokens + n, dtype=np.int64)
+        if positions[-1] >= cache.slots:
+            raise ValueError(f"{n} tokens at position {cache.n_tokens} exceed the context of {cache.slots}")
+        x = be.embed(ids, self.w["token_embd.weight"])
+        if s.embed_scale != 1.0:
+            x = x * np.float32(s.embed_scale)
+        for i in range(s.n_layers):
+            x = self.layer(i, x, positions, cache)
+        cache.n_tokens += n
+        if not all_logits:
+            x = x[-1:]
+        x = be.rmsnorm(x, self.w["output_norm.weight"], s.norm_eps)
+        return be.matmul(x, self.output)
+
+    def attention(self, i: int, x, positions, cache: KVCache):
+        """Project, rope, cache and attend; returns the attention output before attn_output."""
+        s, be, p = self.spec, self.be, f"blk.{i}."
+        n = x.shape[0]
+        q = self.project(x, p + "attn_q").reshape(n, s.n_heads, s.head_dim)
+        k = self.project(x, p + "attn_k").reshape(n, s.n_kv_heads, s.head_dim)
+        v = self.project(x, p + "attn_v").reshape(n, s.n_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q = be.rmsnorm(q, self.w[p + "attn_q_norm.weight"], s.norm_eps)
+            k = be.rmsnorm(k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
+        swa = s.swa_layers[i]
+        base = s.rope_base_swa if swa else s.rope_base
+        scale = 1.0 if swa else s.rope_scale
+        neox = s.rope_type == "neox"
+        q = be.rope(q, positions, base, scale, neox, self.freq_factors)
+        k = be.rope(k, positions, base, scale, neox, self.freq_factors)
+        be.kv_write(cache, i, positions, k, v)
+        window = s.sliding_window if swa else 0
+        return be.attention(q, cache, i, positions, window, s.attn_scale)
+
+    def project(self, x, name: str):
+        y = self.be.matmul(x, self.w[name + ".weight"])
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else y + bias.data
+
+    def layer(self, i: int, x, positions, cache: KVCache):
+        s, be, p = self.spec, self.be, f"blk.{i}."
+        h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
+        x = x + be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"])
+        h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
+        g = be.matmul(h, self.w[p + "ffn_gate.weight"])
+        u = be.matmul(h, self.w[p + "ffn_up.weight"])
+        return x + be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"])

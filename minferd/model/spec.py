@@ -1,0 +1,121 @@
+"""ModelSpec: the shapes and hyperparameters of a model, read from GGUF metadata alone."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from minferd.errors import ModelFileError
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX the two halves.
+ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+# Gemma 3: five sliding-window layers, then one global layer; local layers use base 10k.
+GEMMA3_SWA_PERIOD = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Limits past which a header is absurd rather than big (they keep estimates finite).
+MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_CTX = 1024, 1 << 17, 1024, 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    arch: str
+    n_vocab: int
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    ctx_train: int
+    norm_eps: float
+    rope_type: str  # "normal" | "neox"
+    rope_base: float
+    rope_base_swa: float
+    rope_scale: float  # linear position scaling (1.0 = none)
+    sliding_window: int  # 0 = none
+    swa_layers: tuple[bool, ...]  # per layer: does it use the sliding window
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    embed_scale: float  # gemma multiplies embeddings by sqrt(hidden)
+    attn_scale: float  # multiplies q before q.k
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+def _get(md: dict, path, key: str, default=None, kind=int):
+    v = md.get(key, default)
+    if v is None:
+        raise ModelFileError(path, f"metadata key {key} is missing")
+    if isinstance(v, (list, str)) or (kind is int and not float(v).is_integer()):
+        raise ModelFileError(path, f"metadata key {key} has a value of the wrong type: {v!r}")
+    return kind(v)
+
+
+def _check_range(path, key: str, value, lo, hi):
+    if not lo <= value <= hi:
+        raise ModelFileError(path, f"metadata {key} = {value} is outside [{lo}, {hi}]")
+    return value
+
+
+def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = None) -> ModelSpec:
+    arch = md.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelFileError(path, f"unknown architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+    a = arch + "."
+    hidden = _check_range(path, a + "embedding_length", _get(md, path, a + "embedding_length"), 1, MAX_HIDDEN)
+    n_layers = _check_range(path, a + "block_count", _get(md, path, a + "block_count"), 1, MAX_LAYERS)
+    n_heads = _check_range(path, a + "attention.head_count", _get(md, path, a + "attention.head_count"), 1, MAX_HEADS)
+    n_kv = _get(md, path, a + "attention.head_count_kv", n_heads)
+    _check_range(path, a + "attention.head_count_kv", n_kv, 1, n_heads)
+    if n_heads % n_kv:
+        raise ModelFileError(path, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv}")
+    head_dim = _get(md, path, a + "attention.key_length", hidden // n_heads)
+    _check_range(path, a + "attention.key_length", head_dim, 2, 1024)
+    if head_dim % 2:
+        raise ModelFileError(path, f"head dimension {head_dim} is odd; rope needs pairs")
+    if _get(md, path, a + "attention.value_length", head_dim) != head_dim:
+        raise ModelFileError(path, "attention.value_length differs from key_length (not supported)")
+    ffn = _check_range(path, a + "feed_forward_length", _get(md, path, a + "feed_forward_length"), 1, 1 << 20)
+    ctx = _check_range(path, a + "context_length", _get(md, path, a + "context_length", 4096), 1, MAX_CTX)
+    eps = _get(md, path, a + "attention.layer_norm_rms_epsilon", 1e-6, float)
+    rope_base = _get(md, path, a + "rope.freq_base", 10000.0, float)
+    if not (rope_base > 0 and math.isfinite(rope_base)):
+        raise ModelFileError(path, f"rope.freq_base {rope_base} must be positive")
+    rope_dims = _get(md, path, a + "rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        raise ModelFileError(path, f"partial rope ({rope_dims} of {head_dim} dims) is not supported")
+    scale = 1.0
+    if md.get(a + "rope.scaling.type") == "linear":
+        scale = 1.0 / _get(md, path, a + "rope.scaling.factor", 1.0, float)
+    elif md.get(a + "rope.scaling.type") not in (None, "none"):
+        raise ModelFileError(path, f"rope scaling {md[a + 'rope.scaling.type']!r} is not supported")
+
+    window = 0
+    swa = (False,) * n_layers
+    if arch == "gemma3":
+        window = _get(md, path, a + "attention.sliding_window", 0)
+        if window:
+            period = _get(md, path, a + "attention.sliding_window_pattern", GEMMA3_SWA_PERIOD)
+            swa = tuple((i + 1) % period != 0 for i in range(n_layers))
+    n_vocab = md.get(a + "vocab_size") or n_vocab
+    if not n_vocab:
+        raise ModelFileError(path, "vocabulary size unknown (no tokenizer.ggml.tokens and no vocab_size)")
+
+    return ModelSpec(
+        arch=arch, n_vocab=int(n_vocab), hidden=hidden, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv, head_dim=head_dim, ffn=ffn, ctx_train=ctx, norm_eps=eps,
+        rope_type=ROPE_TYPE[arch], rope_base=rope_base,
+        rope_base_swa=GEMMA3_LOCAL_ROPE_BASE if arch == "gemma3" else rope_base,
+        rope_scale=scale, sliding_window=window, swa_layers=swa,
+        tied_embeddings="output.weight" not in tensor_names,
+        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"),
+        embed_scale=math.sqrt(hidden) if arch == "gemma3" else 1.0,
+        attn_scale=1.0 / math.sqrt(head_dim),
+    )
