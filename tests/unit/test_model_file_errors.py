@@ -99,9 +99,9 @@ def test_missing_tensor(good, tmp_path):
 
 def test_wrong_shape(good, tmp_path):
     p = tmp_path / "bad.gguf"
-    raw = np.zeros(256 // 32 * 18 * 128, np.uint8)
-    rewrite(good, p, tensors={"blk.0.attn_k.weight": {"shape": (256, 128), "data": raw}})
-    refused(p, "blk.0.attn_k.weight", "shape [256, 128]")
+    raw = np.zeros(256 // 32 * 18 * 64, np.uint8)
+    rewrite(good, p, tensors={"blk.0.attn_k.weight": {"shape": (256, 64), "data": raw}})
+    refused(p, "blk.0.attn_k.weight", "shape [256, 64]", "expected [256, 128]")
 
 
 def test_absurd_dimensions(good, tmp_path):
