@@ -1,15 +1,20 @@
 """Vectorized NumPy dequantizers: the CPU reference for every type in quant.TYPES.
 
 Byte layouts follow ggml's dequantize_row_* (ggml-quants.c) exactly, and so does the
-float arithmetic: each value is round_f32(d*sc*q [- dmin*m]) where the products before
-the last operation are exact in f32, so the result is bit-equal to ggml's and to
-gguf.quants (the tests hold us to that).
+float arithmetic: dl = d*sc and ml = dmin*m are formed in f32 first, then each value is
+dl*q (- ml), in that order, so results are bit-equal to ggml's, signed zeros included
+(tests hold us to gguf.quants, which follows the same order).
 
-Speed: the CPU backend dequantizes every matmul weight at each use, in row blocks,
-from several threads. So there is no Python loop over blocks; the bit twiddling runs
-on uint8 arrays (one byte per element), and the only f32 passes are one multiply (the
-uint8/int8 -> f32 cast happens inside the ufunc's buffered loop, no f32 temporary) and,
-for types with a min, one subtract/add in place. Big ufuncs release the GIL.
+Speed: the CPU backend dequantizes every matmul weight at each use, in row blocks of
+about 2^18 elements, from several threads. NumPy's per-call and per-inner-loop costs
+are what make this slow or fast, so:
+  - a field of every block is pulled out in one 1-D copy through a structured dtype
+    (strided 2-D slicing of (nb, 16)-byte rows costs ~10x more);
+  - bit twiddling runs on whole contiguous uint8/uint64 arrays, never on short rows;
+  - values are put in element order by moving 16..64-byte runs as void items;
+  - f32 work is one cast into `out`, one multiply and, for types with a min, one
+    subtract: the floor, as the output itself is 4 bytes per element.
+No Python loop runs over blocks; big ufuncs release the GIL.
 """
 
 from __future__ import annotations
@@ -18,27 +23,55 @@ import numpy as np
 
 from .quant import QuantType, row_bytes
 
-_U8 = np.uint8
-_SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=_U8).reshape(1, 1, 4, 1)  # 4 crumbs per byte
-_SHIFT_1BIT = np.arange(8, dtype=_U8).reshape(1, 8, 1)  # 8 bit planes per byte
+_U8, _U64 = np.uint8, np.uint64
 
 
-def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
-    """The f16 at byte offset `off` of every block, as an (nb, 1) f32 column.
-    Every f16 field sits at an even offset of an even-sized block, but the view would
-    work unaligned too: numpy handles unaligned arrays, only slower."""
-    return blocks[:, off:off + 2].view(np.float16).astype(np.float32)
+def _field(raw: np.ndarray, bb: int, off: int, fmt: str) -> np.ndarray:
+    """1-D strided view of the field at byte `off` of every `bb`-byte block of raw."""
+    dt = np.dtype({"names": ["f"], "formats": [fmt], "offsets": [off], "itemsize": bb})
+    return raw.view(dt)["f"]
 
 
-def _nibbles(qs: np.ndarray, q: np.ndarray) -> None:
-    """Split bytes (..., n) into q[..., 0, :] = low nibbles and q[..., 1, :] = high:
-    ggml puts element l in the low nibble of byte l and element l+n in its high nibble."""
-    np.bitwise_and(qs, 0x0F, out=q[..., 0, :])
-    np.right_shift(qs, 4, out=q[..., 1, :])
+def _bytes(raw: np.ndarray, bb: int, off: int, n: int) -> np.ndarray:
+    """Bytes [off, off+n) of every block, as a contiguous (nb, n) uint8 copy."""
+    return np.ascontiguousarray(_field(raw, bb, off, f"V{n}")).view(_U8).reshape(-1, n)
+
+
+def _f16(raw: np.ndarray, bb: int, off: int) -> np.ndarray:
+    """The f16 at byte `off` of every block, widened to f32, shape (nb, 1). Offsets are
+    even in every layout but numpy would read them unaligned just as well."""
+    return _field(raw, bb, off, "<f2").astype(np.float32)[:, None]
+
+
+def _unpack(src: np.ndarray, bits: int, run: int) -> np.ndarray:
+    """Split packed fields into element order, the way every ggml layout packs them:
+    src (nb, n) bytes is n/run runs of `run` bytes; field p (bits p*bits..) of the bytes
+    of one run are `run` consecutive elements, fields in order, runs in order.
+    E.g. Q4_K: run 32, bits 4 -> low nibbles of 32 bytes, then their high nibbles.
+    Returns (nb, n*8/bits) uint8."""
+    nb, n = src.shape
+    k = 8 // bits
+    mask = _U64(int.from_bytes(bytes([(1 << bits) - 1]) * 8, "little"))
+    words = src.view(_U64)  # SWAR: 8 fields at once, on a contiguous array
+    unit = np.dtype((np.void, run))
+    out = np.empty((nb, n * k), _U8)
+    slots = out.view(unit).reshape(-1, k)  # [run, field]
+    for p in range(k):
+        plane = (words >> _U64(p * bits)) & mask if p else words & mask
+        slots[:, p] = plane.view(unit).reshape(-1)
+    return out
+
+
+def _scale(out: np.ndarray, q: np.ndarray, dl: np.ndarray, ml: np.ndarray | None = None) -> None:
+    """out (groups, g) f32 = dl * q - ml, dl and ml (groups, 1) f32, q integers of any width."""
+    np.copyto(out, q, casting="unsafe")  # exact: |q| < 2^24
+    out *= dl
+    if ml is not None:
+        out -= ml
 
 
 def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K: 8 6-bit scales and 8 6-bit mins packed in 12 bytes (get_scale_min_k4).
+    """Q4_K/Q5_K: 8 6-bit scales and 8 6-bit mins in 12 bytes (ggml get_scale_min_k4).
     Sub-blocks 0-3 keep their 6 bits in bytes 0-3 (scale) and 4-7 (min); sub-blocks 4-7
     have their low nibbles in bytes 8-11 and their top 2 bits in the top of bytes 0-7."""
     b0, b1, b2 = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
@@ -47,146 +80,130 @@ def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scale, mins
 
 
-# Each _deq_* reads blocks (nb, block_bytes) uint8 and writes out (nb, block_elems) f32.
+# Each _deq_* reads raw (nb * block_bytes,) uint8 and writes out (nb, block_elems) f32.
 
-def _deq_f32(blocks, out):
-    out[:] = blocks.reshape(-1).view(np.float32).reshape(out.shape)
-
-
-def _deq_f16(blocks, out):
-    out[:] = blocks.reshape(-1).view(np.float16).reshape(out.shape)
+def _deq_f32(raw, out):
+    out.reshape(-1)[:] = raw.view(np.float32)
 
 
-def _deq_bf16(blocks, out):
+def _deq_f16(raw, out):
+    out.reshape(-1)[:] = raw.view(np.float16)
+
+
+def _deq_bf16(raw, out):
     # bf16 is the top half of an f32: widen and shift, no float arithmetic at all.
-    bits = blocks.reshape(-1).view(np.uint16).reshape(out.shape)
-    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    np.left_shift(raw.view(np.uint16), 16, out=out.reshape(-1).view(np.uint32), dtype=np.uint32)
 
 
-def _deq_q4_0(blocks, out):
-    q = np.empty((len(blocks), 2, 16), _U8)
-    _nibbles(blocks[:, 2:18], q)
-    q -= 8  # wraps in uint8; read back as int8 it is q - 8
-    np.multiply(q.view(np.int8).reshape(out.shape), _f16(blocks, 0), out=out)
+def _deq_q4_0(raw, out):
+    # [0:2] f16 d, [2:18] nibbles: element l low nibble of byte l, l+16 its high nibble.
+    q = _unpack(_bytes(raw, 18, 2, 16), 4, 16)
+    q -= 8  # wraps in uint8; read as int8 it is q - 8
+    _scale(out, q.view(np.int8), _f16(raw, 18, 0))
 
 
-def _deq_q4_1(blocks, out):
-    q = np.empty((len(blocks), 2, 16), _U8)
-    _nibbles(blocks[:, 4:20], q)
-    np.multiply(q.reshape(out.shape), _f16(blocks, 0), out=out)
-    out += _f16(blocks, 2)
+def _deq_q4_1(raw, out):
+    # [0:2] f16 d, [2:4] f16 m (added), [4:20] nibbles as Q4_0.
+    _scale(out, _unpack(_bytes(raw, 20, 4, 16), 4, 16), _f16(raw, 20, 0), -_f16(raw, 20, 2))
 
 
-def _q5_high(qh: np.ndarray, q: np.ndarray) -> None:
-    # qh is a little-endian u32 at an offset that is not 4-aligned in Q5_0 (22-byte
-    # blocks): never load it as u32. Bit j of it is bit j%8 of byte j//8, which is
-    # exactly what unpackbits(bitorder="little") yields, in element order.
-    q |= np.unpackbits(qh, axis=1, bitorder="little") << 4
+def _q5(raw, bb, qh_off):
+    # qh is a little-endian u32 at an offset that is not 4-aligned in Q5_0's 22-byte
+    # blocks: never load it as one. Bit j (the 5th bit of element j) is bit j%8 of byte
+    # j//8, exactly what unpackbits(bitorder="little") yields, in element order.
+    q = _unpack(_bytes(raw, bb, qh_off + 4, 16), 4, 16)
+    hb = np.unpackbits(_bytes(raw, bb, qh_off, 4).reshape(-1), bitorder="little")
+    hb <<= 4
+    q.reshape(-1)[:] |= hb
+    return q
 
 
-def _deq_q5_0(blocks, out):
-    q = np.empty((len(blocks), 2, 16), _U8)
-    _nibbles(blocks[:, 6:22], q)
-    q = q.reshape(out.shape)
-    _q5_high(blocks[:, 2:6], q)
+def _deq_q5_0(raw, out):
+    # [0:2] f16 d, [2:6] qh, [6:22] nibbles.
+    q = _q5(raw, 22, 2)
     q -= 16
-    np.multiply(q.view(np.int8), _f16(blocks, 0), out=out)
+    _scale(out, q.view(np.int8), _f16(raw, 22, 0))
 
 
-def _deq_q5_1(blocks, out):
-    q = np.empty((len(blocks), 2, 16), _U8)
-    _nibbles(blocks[:, 8:24], q)
-    q = q.reshape(out.shape)
-    _q5_high(blocks[:, 4:8], q)
-    np.multiply(q, _f16(blocks, 0), out=out)
-    out += _f16(blocks, 2)
+def _deq_q5_1(raw, out):
+    # [0:2] f16 d, [2:4] f16 m (added), [4:8] qh, [8:24] nibbles.
+    _scale(out, _q5(raw, 24, 4), _f16(raw, 24, 0), -_f16(raw, 24, 2))
 
 
-def _deq_q8_0(blocks, out):
-    np.multiply(blocks[:, 2:34].view(np.int8), _f16(blocks, 0), out=out)
+def _deq_q8_0(raw, out):
+    _scale(out, _bytes(raw, 34, 2, 32).view(np.int8), _f16(raw, 34, 0))
 
 
-def _crumbs(qs: np.ndarray) -> np.ndarray:
-    """Q2_K/Q3_K low bits: 64 bytes hold 256 2-bit values. Element 128*h + 32*j + l is
-    bits 2j..2j+1 of byte 32*h + l. Returns (nb, 256) uint8 in element order."""
-    nb = len(qs)
-    q = (qs.reshape(nb, 2, 1, 32) >> _SHIFT_2BIT) & 3
-    return q.reshape(nb, 256)
+def _deq_q2_k(raw, out):
+    # [0:16] per 16 elements: scale (low nibble) | min (high nibble); [16:80] 2-bit q
+    # (element 128h + 32j + l is bits 2j of byte 32h + l); [80:82] f16 d; [82:84] f16 dmin.
+    nb = out.shape[0]
+    sc = _bytes(raw, 84, 0, 16)
+    q = _unpack(_bytes(raw, 84, 16, 64), 2, 32)
+    dl = (_f16(raw, 84, 80) * (sc & 0x0F)).reshape(-1, 1)
+    ml = (_f16(raw, 84, 82) * (sc >> 4)).reshape(-1, 1)
+    _scale(out.reshape(nb * 16, 16), q.reshape(nb * 16, 16), dl, ml)
 
 
-def _deq_q2_k(blocks, out):
-    # [0:16] scale (low nibble) | min (high nibble) per 16 elements, [16:80] 2-bit q,
-    # [80:82] f16 d, [82:84] f16 dmin.  y = d*sc*q - dmin*m
-    nb = len(blocks)
-    sc = blocks[:, 0:16]
-    dl = _f16(blocks, 80) * (sc & 0x0F)
-    ml = _f16(blocks, 82) * (sc >> 4)
-    o = out.reshape(nb, 16, 16)
-    np.multiply(_crumbs(blocks[:, 16:80]).reshape(nb, 16, 16), dl[:, :, None], out=o)
-    o -= ml[:, :, None]
-
-
-def _deq_q3_k(blocks, out):
-    # [0:32] hmask, [32:96] 2-bit q, [96:108] 16 6-bit scales (offset 32), [108:110] f16 d.
-    # Element 32*s + l: low bits as in _crumbs, high bit = bit s of hmask[l]; ggml
+def _deq_q3_k(raw, out):
+    # [0:32] hmask, [32:96] 2-bit q (as Q2_K), [96:108] 16 6-bit scales (offset 32),
+    # [108:110] f16 d. Element 32s + l has bit s of hmask[l] as its 3rd bit; ggml
     # subtracts 4 where that bit is CLEAR, i.e. value = (q | hbit << 2) - 4.
-    nb = len(blocks)
-    q = _crumbs(blocks[:, 32:96])
-    hbit = (blocks[:, None, 0:32] >> _SHIFT_1BIT) & 1  # (nb, 8, 32)
-    q |= hbit.reshape(nb, 256) << 2
+    nb = out.shape[0]
+    q = _unpack(_bytes(raw, 110, 32, 64), 2, 32)
+    hb = _unpack(_bytes(raw, 110, 0, 32), 1, 32)
+    hb <<= 2
+    q |= hb
     q -= 4
     # Scale i: low nibble from byte i%8 (low half for i<8, high for i>=8), top 2 bits
     # from byte 8 + i%4 at bit 2*(i//4).
-    sc = blocks[:, 96:108]
+    sc = _bytes(raw, 110, 96, 12)
     low = np.concatenate([sc[:, 0:8] & 0x0F, sc[:, 0:8] >> 4], axis=1)
-    high = (sc[:, None, 8:12] >> _SHIFT_2BIT[0]) & 3  # (nb, 4, 4): [i//4, i%4]
-    scale = (low | (high.reshape(nb, 16) << 4)).view(np.int8) - np.int8(32)
-    dl = _f16(blocks, 108) * scale
-    np.multiply(q.view(np.int8).reshape(nb, 16, 16), dl[:, :, None], out=out.reshape(nb, 16, 16))
+    high = np.concatenate([(sc[:, 8:12] >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
+    scale = (low | (high << 4)).view(np.int8) - np.int8(32)
+    dl = (_f16(raw, 110, 108) * scale).reshape(-1, 1)
+    _scale(out.reshape(nb * 16, 16), q.view(np.int8).reshape(nb * 16, 16), dl)
 
 
-def _deq_q4_k(blocks, out):
-    # [0:2] f16 d, [2:4] f16 dmin, [4:16] packed scales/mins, [16:144] nibbles: 4 chunks
-    # of 32 bytes, chunk c holding sub-block 2c (low nibbles) and 2c+1 (high).
-    nb = len(blocks)
-    q = np.empty((nb, 4, 2, 32), _U8)
-    _nibbles(blocks[:, 16:144].reshape(nb, 4, 32), q)
-    _deq_k_affine(blocks, q.reshape(nb, 8, 32), blocks[:, 4:16], out)
+def _deq_k_affine(raw, bb, q, out):
+    # Q4_K/Q5_K: [0:2] f16 d, [2:4] f16 dmin, [4:16] packed 6-bit scales and mins per
+    # 32 elements; y = (d*sc)*q - dmin*m.
+    nb = out.shape[0]
+    scale, mins = _scale_min_k4(_bytes(raw, bb, 4, 12))
+    dl = (_f16(raw, bb, 0) * scale).reshape(-1, 1)
+    ml = (_f16(raw, bb, 2) * mins).reshape(-1, 1)
+    _scale(out.reshape(nb * 8, 32), q.reshape(nb * 8, 32), dl, ml)
 
 
-def _deq_q5_k(blocks, out):
-    # As Q4_K, with [16:48] qh before the nibbles at [48:176]: the high bit of element
-    # 32*s + l is bit s of qh[l].
-    nb = len(blocks)
-    q = np.empty((nb, 4, 2, 32), _U8)
-    _nibbles(blocks[:, 48:176].reshape(nb, 4, 32), q)
-    q = q.reshape(nb, 8, 32)
-    q |= ((blocks[:, None, 16:48] >> _SHIFT_1BIT) & 1) << 4
-    _deq_k_affine(blocks, q, blocks[:, 4:16], out)
+def _deq_q4_k(raw, out):
+    # [16:144] nibbles: 4 runs of 32 bytes, run c holding sub-block 2c (low nibbles)
+    # and 2c+1 (high nibbles).
+    _deq_k_affine(raw, 144, _unpack(_bytes(raw, 144, 16, 128), 4, 32), out)
 
 
-def _deq_k_affine(blocks, q, packed_scales, out):
-    nb = len(blocks)
-    scale, mins = _scale_min_k4(packed_scales)
-    dl = _f16(blocks, 0) * scale
-    ml = _f16(blocks, 2) * mins
-    o = out.reshape(nb, 8, 32)
-    np.multiply(q, dl[:, :, None], out=o)
-    o -= ml[:, :, None]
+def _deq_q5_k(raw, out):
+    # As Q4_K, with [16:48] qh before the nibbles at [48:176]: the 5th bit of element
+    # 32s + l is bit s of qh[l].
+    q = _unpack(_bytes(raw, 176, 48, 128), 4, 32)
+    hb = _unpack(_bytes(raw, 176, 16, 32), 1, 32)
+    hb <<= 4
+    q |= hb
+    _deq_k_affine(raw, 176, q, out)
 
 
-def _deq_q6_k(blocks, out):
+def _deq_q6_k(raw, out):
     # [0:128] ql, [128:192] qh, [192:208] int8 scales per 16 elements, [208:210] f16 d.
-    # Element 128*h + 32*k + l: low nibble of ql[64h + 32*(k%2) + l] (high nibble when
-    # k >= 2), top 2 bits = bits 2k..2k+1 of qh[32h + l]; value - 32.
-    nb = len(blocks)
-    q = np.empty((nb, 2, 2, 2, 32), _U8)  # [h, k//2, k%2, l]
-    _nibbles(blocks[:, 0:128].reshape(nb, 2, 2, 32), q.transpose(0, 1, 3, 2, 4))
-    q = q.reshape(nb, 2, 4, 32)
-    q |= ((blocks[:, 128:192].reshape(nb, 2, 1, 32) >> _SHIFT_2BIT) & 3) << 4
+    # Element 128h + 32k + l: low 4 bits from ql[64h + 32(k%2) + l] (low nibble for
+    # k < 2, high for k >= 2), i.e. runs of 64 bytes; top 2 bits are bits 2k of
+    # qh[32h + l], runs of 32. Value - 32.
+    nb = out.shape[0]
+    q = _unpack(_bytes(raw, 210, 0, 128), 4, 64)
+    hb = _unpack(_bytes(raw, 210, 128, 64), 2, 32)
+    hb <<= 4
+    q |= hb
     q -= 32
-    dl = _f16(blocks, 208) * blocks[:, 192:208].view(np.int8)
-    np.multiply(q.view(np.int8).reshape(nb, 16, 16), dl[:, :, None], out=out.reshape(nb, 16, 16))
+    dl = (_f16(raw, 210, 208) * _bytes(raw, 210, 192, 16).view(np.int8)).reshape(-1, 1)
+    _scale(out.reshape(nb * 16, 16), q.view(np.int8).reshape(nb * 16, 16), dl)
 
 
 _KERNELS = {
@@ -198,9 +215,10 @@ _KERNELS = {
 
 def dequantize(qt: QuantType, raw: np.ndarray, n_rows: int, row_elems: int,
                out: np.ndarray | None = None) -> np.ndarray:
-    """Dequantize n_rows rows of row_elems elements from their contiguous bytes `raw`
-    (any shape, n_rows * row_bytes uint8 in all). Returns f32 (n_rows, row_elems); pass
-    `out` (C-contiguous f32 of that shape) to reuse a buffer."""
+    """Dequantize n_rows rows of row_elems elements from their bytes `raw` (uint8 of any
+    shape, n_rows * row_bytes in all; a contiguous row slice of a tensor is free, anything
+    else is copied once). Returns f32 (n_rows, row_elems); pass `out` (C-contiguous f32
+    of that shape) to reuse a buffer. Thread-safe: no shared state."""
     rb = row_bytes(qt, row_elems)
     raw = np.asarray(raw)
     if raw.dtype != _U8:
@@ -215,7 +233,8 @@ def dequantize(qt: QuantType, raw: np.ndarray, n_rows: int, row_elems: int,
                          f"got {out.dtype} {out.shape}")
     nb = n_rows * row_elems // qt.block_elems
     if nb:
-        _KERNELS[qt.name](raw.reshape(nb, qt.block_bytes), out.reshape(nb, qt.block_elems))
+        flat = np.ascontiguousarray(raw).reshape(-1)
+        _KERNELS[qt.name](flat, out.reshape(nb, qt.block_elems))
     return out
 
 

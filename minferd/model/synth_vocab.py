@@ -7,6 +7,7 @@ round-trips, common words are single tokens, and the markup of each chat templat
 """
 from __future__ import annotations
 
+import os
 from itertools import product
 from string import ascii_lowercase, ascii_uppercase
 
@@ -154,3 +155,33 @@ def synth_vocab(kind: str, size: int, arch: str | None = None) -> dict:
     if kind == "llama":
         return _spm(size, arch)
     raise ValueError(f"unknown vocab kind {kind!r}; one of gpt2, llama")
+
+
+def write_vocab_gguf(path: str | os.PathLike, arch: str, md: dict) -> None:
+    """A GGUF holding only a vocabulary and the few hyperparameters llama.cpp's loader insists
+    on: enough for `llama_cpp.Llama(path, vocab_only=True)` and for minferd's tokenizer."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(os.fspath(path), arch)
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-6)
+    for k, v in md.items():
+        if k == "general.architecture":
+            continue
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        else:  # lists: strings, float32 scores, int32 token types
+            w.add_array(k, list(v))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
