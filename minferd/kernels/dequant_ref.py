@@ -104,7 +104,8 @@ def _deq_q4_0(raw, out):
 
 def _deq_q4_1(raw, out):
     # [0:2] f16 d, [2:4] f16 m (added), [4:20] nibbles as Q4_0.
-    _scale(out, _unpack(_bytes(raw, 20, 4, 16), 4, 16), _f16(raw, 20, 0), -_f16(raw, 20, 2))
+    _scale(out, _unpack(_bytes(raw, 20, 4, 16), 4, 16), _f16(raw, 20, 0))
+    out += _f16(raw, 20, 2)  # not -= -m: that flips a NaN's sign bit
 
 
 def _q5(raw, bb, qh_off):
@@ -114,7 +115,7 @@ def _q5(raw, bb, qh_off):
     q = _unpack(_bytes(raw, bb, qh_off + 4, 16), 4, 16)
     hb = np.unpackbits(_bytes(raw, bb, qh_off, 4).reshape(-1), bitorder="little")
     hb <<= 4
-    q.reshape(-1)[:] |= hb
+    q |= hb.reshape(q.shape)
     return q
 
 
@@ -127,7 +128,8 @@ def _deq_q5_0(raw, out):
 
 def _deq_q5_1(raw, out):
     # [0:2] f16 d, [2:4] f16 m (added), [4:8] qh, [8:24] nibbles.
-    _scale(out, _q5(raw, 24, 4), _f16(raw, 24, 0), -_f16(raw, 24, 2))
+    _scale(out, _q5(raw, 24, 4), _f16(raw, 24, 0))
+    out += _f16(raw, 24, 2)
 
 
 def _deq_q8_0(raw, out):

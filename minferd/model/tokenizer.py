@@ -47,6 +47,38 @@ _EOG_TEXTS = frozenset((
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>", "[e~[", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
     "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"))
+# Fill-in-the-middle markup llama.cpp also forces to control type (they do not end generation).
+_FIM_TEXTS = frozenset((
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>",
+    "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
+    "<|middle|>"))
+_GPT_OSS_TEXT = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # always rendered
+
+
+def _llama_cpp_overrides(vocab: dict[str, int], types: np.ndarray, eog: set[int]) -> set[int]:
+    """The end-of-generation set and token types as llama_vocab::load leaves them: it goes by
+    token text where converters did not mark tokens, and these choices change tokenization."""
+    for text in _EOG_TEXTS | _FIM_TEXTS:
+        i = vocab.get(text)
+        if i is not None:
+            types[i] = CONTROL
+            if text in _EOG_TEXTS:
+                eog.add(i)
+    for text in _GPT_OSS_TEXT:
+        if text in vocab:
+            types[vocab[text]] = USER_DEFINED
+    # gpt-oss and solar-open end a message with <|end|> but keep generating after it
+    if ("<|return|>" in vocab and "<|call|>" in vocab or "<|calls|>" in vocab and "<|flush|>" in vocab) \
+            and "<|end|>" in vocab and vocab["<|end|>"] in eog:
+        eog.discard(vocab["<|end|>"])
+        types[vocab["<|end|>"]] = USER_DEFINED
+    # gemma4 and plamo2 use "</s>" as plain text
+    if ("<|tool_response>" in vocab or "<|plamo:eos|>" in vocab) and "</s>" in vocab:
+        eog.discard(vocab["</s>"])
+        types[vocab["</s>"]] = NORMAL
+    return eog
 
 _KEYS = (
     "general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -105,12 +137,12 @@ def _spm_merges(tokens: list[str], vocab: dict[str, int], scores) -> list[tuple[
     return [(tokens[i][:k], tokens[i][k:]) for _, i, k in cands]
 
 
-def _build_hf(md: dict, tokens: list[str], types: np.ndarray, spm: bool, add_space_prefix: bool):
-    vocab = {t: i for i, t in enumerate(tokens)}
+def _build_hf(md: dict, tokens: list[str], vocab: dict[str, int], types: np.ndarray, spm: bool,
+              add_space_prefix: bool) -> HFTokenizer:
     if spm:
         scores = np.asarray(md.get("tokenizer.ggml.scores", np.zeros(len(tokens))), dtype=np.float64)
         model = models.BPE(vocab=vocab, merges=_spm_merges(tokens, vocab, scores.tolist()),
-                           unk_token=tokens[int(md.get("tokenizer.ggml.unknown_token_id", 0))],
+                           unk_token="<unk>" if "<unk>" in vocab else None,
                            byte_fallback=True, fuse_unk=False)
         hf = HFTokenizer(model)
         # Added tokens are cut out first, then each remaining fragment is normalized on its own:
@@ -158,14 +190,11 @@ class Tokenizer:
                                    self.spm or _PRE.get(pre, (0, 0, False))[2]))
         self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
         self.add_space_prefix = self.spm and bool(md.get("tokenizer.ggml.add_space_prefix", True))
-        eog = {self.eos_id} | {int(md[k]) for k in (
-            "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md}
-        for i, t in enumerate(self._tokens):
-            if t in _EOG_TEXTS:
-                eog.add(i)
-                self._types[i] = CONTROL  # llama.cpp overrides their type too
+        vocab = {t: i for i, t in enumerate(self._tokens)}
+        eog = _llama_cpp_overrides(vocab, self._types, {self.eos_id} | {int(md[k]) for k in (
+            "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md})
         self.eog_ids = frozenset(i for i in eog if 0 <= i < n)
-        self._hf = _build_hf(md, self._tokens, self._types, self.spm, self.add_space_prefix)
+        self._hf = _build_hf(md, self._tokens, vocab, self._types, self.spm, self.add_space_prefix)
         self._lock = threading.Lock()
         self._raw_specials = False
         self._pieces: dict[int, bytes] = {}

@@ -1,0 +1,93 @@
+"""The `minferd` command line as a user runs it: a real process, real files, exit codes and JSON."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minferd.model.gguf_file import GGUFFile
+
+
+def minferd(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "minferd.cli", *map(str, args)], capture_output=True, text=True,
+                       timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}: {p.stderr}")
+    return p
+
+
+def test_synth_writes_llama_cpp_type_mix(tmp_path):
+    out = tmp_path / "m.gguf"
+    res = json.loads(minferd("synth", "--arch", "qwen2", "--preset", "tiny", "--quant", "q4_k_m", out, "--json").stdout)
+    types = res["tensors"]
+    assert types["token_embd.weight"] == "Q6_K" and types["blk.0.attn_q.weight"] == "Q4_K"
+    assert types["blk.0.ffn_down.weight"] == "Q4_K" and types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.attn_norm.weight"] == "F32"  # tied output: the embedding gets Q6_K
+    assert GGUFFile(out).tensors["blk.1.attn_v.weight"].qtype.name == "Q6_K"
+
+
+def test_q4_k_m_layers_match_llama_cpp():
+    """Qwen2.5-7B's 28 layers: Q6_K attn_v/ffn_down in layers 0-2, 5, 8, ..., 23, 24-27 (ANCHORS.md)."""
+    from minferd.model.synth import tensor_type
+    six = [i for i in range(28) if tensor_type(f"blk.{i}.attn_v.weight", "matmul", "q4_k_m", 28, 3584, False).name == "Q6_K"]
+    assert six == [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]
+    assert tensor_type("token_embd.weight", "embed", "q4_k_m", 28, 3584, False).name == "Q4_K"
+    assert tensor_type("output.weight", "matmul", "q4_k_m", 28, 3584, False).name == "Q6_K"
+    assert tensor_type("blk.0.attn_q.weight", "matmul", "q4_k_m", 18, 640, True).name == "Q5_0"  # 640 % 256
+
+
+def test_synth_random_blocks(tmp_path):
+    out = tmp_path / "r.gguf"
+    minferd("synth", "--arch", "llama", "--quant", "q5_0", "--random-blocks", out)
+    assert GGUFFile(out).tensors["blk.1.ffn_up.weight"].qtype.name == "Q5_0"
+
+
+def test_run_json_prompt_ids(synth_model):
+    path = synth_model("qwen3", "q8_0")
+    res = json.loads(minferd("run", path, "--prompt-ids", "300,301,302", "--max-tokens", "5",
+                             "--temperature", "0", "--json").stdout)
+    assert res["prompt_tokens"] == 3 and 1 <= len(res["token_ids"]) <= 5
+    assert set(res["timings"]) >= {"prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s", "load_ms"}
+    again = json.loads(minferd("run", path, "--prompt-ids", "300,301,302", "--max-tokens", "5",
+                               "--temperature", "0", "--json").stdout)
+    assert again["token_ids"] == res["token_ids"]
+
+
+def test_score_json(synth_model):
+    path = synth_model("gemma3", "q4_0")
+    res = json.loads(minferd("score", path, "--prompt-ids", "300,301,302,303", "--top-k", "3", "--json").stdout)
+    assert len(res["positions"]) == 4
+    for pos in res["positions"]:
+        assert len(pos["top"]) == 3
+        logprobs = [lp for _, _, lp in pos["top"]]
+        assert logprobs == sorted(logprobs, reverse=True) and all(lp <= 0 for lp in logprobs)
+    assert res["perplexity"] > 1
+
+
+def test_real_model_writes_text(gemma_path):
+    p = minferd("run", "gemma3-270m", "--prompt", "The capital of France is", "--max-tokens", "8",
+                "--temperature", "0", "--json")
+    res = json.loads(p.stdout)
+    assert res["prompt_tokens"] == 6
+    assert res["text"].startswith(" the capital of")  # llama.cpp's greedy continuation on this file
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "/nonexistent.gguf", "--prompt", "x"], ["/nonexistent.gguf", "cannot read"]),
+    (["run", "{bad}", "--prompt", "x"], ["{bad}", "bad magic"]),
+    (["run", "{good}", "--prompt-ids", "1,x"], ["--prompt-ids"]),
+    (["run", "{good}", "--prompt-ids", "99999"], ["99999", "vocabulary"]),
+    (["run", "{good}", "--prompt-ids", "5", "--temperature", "-1"], ["temperature"]),
+    (["synth", "{tmp}/x.gguf", "--arch", "qwen2", "--preset", "70b"], ["no preset qwen2/70b"]),
+])
+def test_errors_are_one_line(synth_model, tmp_path, args, words):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTAGGUF" * 8)
+    subs = {"{bad}": str(bad), "{good}": str(synth_model("llama", "q8_0")), "{tmp}": str(tmp_path)}
+    args = [subs.get(a, a.replace("{tmp}", str(tmp_path))) for a in args]
+    p = minferd(*args, check=False)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    for w in words:
+        assert subs.get(w, w) in lines[0]
