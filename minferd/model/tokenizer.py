@@ -178,7 +178,8 @@ class Tokenizer:
             raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: llama, gpt2")
         self.spm = model == "llama"
         self.architecture = md.get("general.architecture", "")
-        self._tokens = list(md["tokenizer.ggml.tokens"])
+        # llama.cpp renames empty entries the same way, so that every text maps to one id
+        self._tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(md["tokenizer.ggml.tokens"])]
         n = len(self._tokens)
         types = md.get("tokenizer.ggml.token_type")
         self._types = np.asarray(types if types is not None else np.full(n, NORMAL), dtype=np.int8)
