@@ -19,6 +19,8 @@ No Python loop runs over blocks; big ufuncs release the GIL.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .quant import QuantType, row_bytes
@@ -26,10 +28,14 @@ from .quant import QuantType, row_bytes
 _U8, _U64 = np.uint8, np.uint64
 
 
+@functools.lru_cache(maxsize=None)
+def _field_dtype(bb: int, off: int, fmt: str) -> np.dtype:
+    return np.dtype({"names": ["f"], "formats": [fmt], "offsets": [off], "itemsize": bb})
+
+
 def _field(raw: np.ndarray, bb: int, off: int, fmt: str) -> np.ndarray:
     """1-D strided view of the field at byte `off` of every `bb`-byte block of raw."""
-    dt = np.dtype({"names": ["f"], "formats": [fmt], "offsets": [off], "itemsize": bb})
-    return raw.view(dt)["f"]
+    return raw.view(_field_dtype(bb, off, fmt))["f"]
 
 
 def _bytes(raw: np.ndarray, bb: int, off: int, n: int) -> np.ndarray:
@@ -43,21 +49,39 @@ def _f16(raw: np.ndarray, bb: int, off: int) -> np.ndarray:
     return _field(raw, bb, off, "<f2").astype(np.float32)[:, None]
 
 
-def _unpack(src: np.ndarray, bits: int, run: int) -> np.ndarray:
+def _u32(raw: np.ndarray, bb: int, off: int) -> np.ndarray:
+    """The little-endian u32 at byte `off` of every block (any alignment), shape (nb,)."""
+    return _field(raw, bb, off, "<u4").astype("<u4")
+
+
+def _splat(byte: int) -> int:
+    return int.from_bytes(bytes([byte]) * 8, "little")
+
+
+def _unpack(src: np.ndarray, bits: int, run: int, at: int = 0) -> np.ndarray:
     """Split packed fields into element order, the way every ggml layout packs them:
     src (nb, n) bytes is n/run runs of `run` bytes; field p (bits p*bits..) of the bytes
     of one run are `run` consecutive elements, fields in order, runs in order.
     E.g. Q4_K: run 32, bits 4 -> low nibbles of 32 bytes, then their high nibbles.
-    Returns (nb, n*8/bits) uint8."""
+    Returns (nb, n*8/bits) uint8, each field shifted left by `at` (to OR in high bits).
+    The shifting runs on uint64 words, 8 bytes at a time: NumPy's uint8 shifts are slow."""
     nb, n = src.shape
     k = 8 // bits
-    mask = _U64(int.from_bytes(bytes([(1 << bits) - 1]) * 8, "little"))
-    words = src.view(_U64)  # SWAR: 8 fields at once, on a contiguous array
+    words = src.view("<u8")
+    mask = _U64(_splat(((1 << bits) - 1) << at))
     unit = np.dtype((np.void, run))
     out = np.empty((nb, n * k), _U8)
     slots = out.view(unit).reshape(-1, k)  # [run, field]
+    plane = np.empty_like(words)
     for p in range(k):
-        plane = (words >> _U64(p * bits)) & mask if p else words & mask
+        sh = p * bits - at
+        if sh > 0:
+            np.right_shift(words, _U64(sh), out=plane)
+        elif sh < 0:
+            np.left_shift(words, _U64(-sh), out=plane)
+        else:
+            plane[:] = words
+        plane &= mask
         slots[:, p] = plane.view(unit).reshape(-1)
     return out
 
@@ -70,14 +94,19 @@ def _scale(out: np.ndarray, q: np.ndarray, dl: np.ndarray, ml: np.ndarray | None
         out -= ml
 
 
-def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K: 8 6-bit scales and 8 6-bit mins in 12 bytes (ggml get_scale_min_k4).
-    Sub-blocks 0-3 keep their 6 bits in bytes 0-3 (scale) and 4-7 (min); sub-blocks 4-7
-    have their low nibbles in bytes 8-11 and their top 2 bits in the top of bytes 0-7."""
-    b0, b1, b2 = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
-    scale = np.concatenate([b0 & 63, (b2 & 0x0F) | ((b0 >> 6) << 4)], axis=1)
-    mins = np.concatenate([b1 & 63, (b2 >> 4) | ((b1 >> 6) << 4)], axis=1)
-    return scale, mins
+def _scale_min_k4(raw: np.ndarray, bb: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: 8 6-bit scales and 8 6-bit mins in the 12 bytes at offset 4 (ggml
+    get_scale_min_k4). Sub-blocks 0-3 keep their 6 bits in bytes 0-3 (scale) and 4-7
+    (min); sub-blocks 4-7 have their low nibbles in bytes 8-11 and their top 2 bits in
+    the top of bytes 0-7. Done 4 bytes at a time on u32 words. Returns 2 x (nb, 8) uint8."""
+    b0, b1, b2 = _u32(raw, bb, 4), _u32(raw, bb, 8), _u32(raw, bb, 12)
+    sc = np.empty((len(b0), 2), "<u4")
+    mn = np.empty((len(b0), 2), "<u4")
+    sc[:, 0] = b0 & 0x3F3F3F3F
+    sc[:, 1] = (b2 & 0x0F0F0F0F) | ((b0 >> 2) & 0x30303030)
+    mn[:, 0] = b1 & 0x3F3F3F3F
+    mn[:, 1] = ((b2 >> 4) & 0x0F0F0F0F) | ((b1 >> 2) & 0x30303030)
+    return sc.view(_U8), mn.view(_U8)
 
 
 # Each _deq_* reads raw (nb * block_bytes,) uint8 and writes out (nb, block_elems) f32.

@@ -134,7 +134,7 @@ def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: 
         raise InvalidRequest(f"unknown quant {quant!r}; one of {', '.join(QUANTS)}")
     p = replace(PRESETS[(arch, preset)], **(overrides or {}))
     md = _metadata(arch, p, f"minferd-synth {arch} {preset} {quant}")
-    md.update(synth_vocab(VOCAB_KIND[arch], p.vocab))
+    md.update(synth_vocab(VOCAB_KIND[arch], p.vocab, arch=arch))
     names = () if p.tied else ("output.weight",)
     spec = spec_from_metadata(md, out, names, p.vocab)
     layout = MODELS[arch].expected_tensors(spec)
