@@ -30,7 +30,7 @@ def bench_prefill(lm, n_tokens: int, reps: int) -> list[float]:
     be, s = lm.model.be, lm.spec
     out = []
     for r in range(reps):
-        cache = be.alloc_kv(s.n_layers, n_tokens, s.n_kv_heads, s.head_dim)
+        cache = lm.model.new_cache(be.untracked(), n_tokens)
         t = time.perf_counter()
         prefill(lm.model, _tokens(n_tokens, s.n_vocab, r), cache)
         out.append(n_tokens / (time.perf_counter() - t))
@@ -42,7 +42,7 @@ def bench_decode(lm, n_tokens: int, reps: int) -> list[float]:
     be, s = lm.model.be, lm.spec
     out = []
     for r in range(reps):
-        cache = be.alloc_kv(s.n_layers, n_tokens + 1, s.n_kv_heads, s.head_dim)
+        cache = lm.model.new_cache(be.untracked(), n_tokens + 1)
         ids = _tokens(n_tokens + 1, s.n_vocab, 100 + r)
         prefill(lm.model, ids[:1], cache)
         t = time.perf_counter()

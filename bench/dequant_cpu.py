@@ -1,11 +1,13 @@
 """Throughput of the NumPy reference dequantizers (minferd/kernels/dequant_ref.py).
 
-The CPU backend dequantizes every matmul weight at each use, so this is its floor.
-Prints, per type, the time for one weight (default 640 rows x 2048, a gemma3-270m
-ffn_down) on one thread, and the throughput with the rows split over a thread pool
-(numpy releases the GIL in big ufuncs, so threads should scale).
+The CPU backend dequantizes every matmul weight at each use, in row blocks of about
+2^18 elements spread over a thread pool, so that is what this measures, per type:
+  whole   one call for the whole weight (default 640 x 2048, a gemma3-270m ffn_down)
+  blocks  the same weight as 2^18-element row blocks, one thread
+  pool    the row blocks over --threads threads (numpy releases the GIL in big ufuncs)
+Figures are best-of-N wall time, in million elements per second.
 
-    python bench/dequant_cpu.py [--rows 640] [--cols 2048] [--threads N] [--json]
+    PYTHONPATH=. python bench/dequant_cpu.py [--rows 640] [--cols 2048] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.quant import SUPPORTED_NAMES, TYPES, row_bytes
+from minferd.kernels.quant import SUPPORTED_NAMES, TYPES
 from minferd.kernels.quantize_ref import random_blocks
+
+BLOCK_ELEMS = 1 << 18  # as minferd/backend/cpu.py
 
 
 def best_time(fn, min_total_s: float = 0.3, max_reps: int = 200) -> float:
-    fn()  # warm: first-touch of buffers, lazy imports
+    fn()  # warm: first touch of buffers
     times, t_end = [], time.perf_counter() + min_total_s
     while len(times) < max_reps and (len(times) < 5 or time.perf_counter() < t_end):
         t0 = time.perf_counter()
@@ -33,23 +37,23 @@ def best_time(fn, min_total_s: float = 0.3, max_reps: int = 200) -> float:
     return min(times)
 
 
-def bench_type(name: str, rows: int, cols: int, threads: int, rng) -> dict:
+def bench_type(name: str, rows: int, cols: int, pool: ThreadPoolExecutor, rng) -> dict:
     qt = TYPES[name]
     raw = random_blocks(qt, rows, cols, rng)
     out = np.empty((rows, cols), np.float32)
-    one = best_time(lambda: dequantize(qt, raw, rows, cols, out=out))
-    fresh = best_time(lambda: dequantize(qt, raw, rows, cols))  # includes allocating the result
-
-    # Row blocks over a pool, as the CPU backend does; each block writes its slice of out.
-    step = max(1, -(-rows // threads))
+    step = max(1, BLOCK_ELEMS // cols)
     spans = [(r, min(rows, r + step)) for r in range(0, rows, step)]
-    with ThreadPoolExecutor(threads) as pool:
-        def run_pool():
-            list(pool.map(lambda s: dequantize(qt, raw[s[0]:s[1]], s[1] - s[0], cols, out=out[s[0]:s[1]]), spans))
-        pooled = best_time(run_pool)
-    n = rows * cols
-    return {"type": name, "ms": one * 1e3, "ms_alloc": fresh * 1e3, "melem_s": n / one / 1e6,
-            "melem_s_threads": n / pooled / 1e6, "gb_in_s": rows * row_bytes(qt, cols) / one / 1e9}
+
+    def block(span):  # a fresh result per block, as the backend's matmul does
+        r0, r1 = span
+        return dequantize(qt, raw[r0:r1], r1 - r0, cols)
+
+    whole = best_time(lambda: dequantize(qt, raw, rows, cols, out=out))
+    blocks = best_time(lambda: [block(s) for s in spans])
+    pooled = best_time(lambda: list(pool.map(block, spans)))
+    n = rows * cols / 1e6
+    return {"type": name, "whole_ms": whole * 1e3, "whole": n / whole,
+            "blocks": n / blocks, "pool": n / pooled}
 
 
 def main() -> None:
@@ -61,15 +65,15 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    results = [bench_type(t, args.rows, args.cols, args.threads, rng) for t in args.types.split(",")]
+    with ThreadPoolExecutor(args.threads) as pool:
+        results = [bench_type(t, args.rows, args.cols, pool, rng) for t in args.types.split(",")]
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    print(f"{args.rows} x {args.cols} weight, {args.threads} threads for the pooled column")
-    print(f"{'type':6s} {'ms':>7s} {'ms+alloc':>9s} {'Melem/s':>9s} {'Melem/s xT':>11s} {'GB/s in':>8s}")
+    print(f"{args.rows} x {args.cols} weight; row blocks of {BLOCK_ELEMS} elements; pool of {args.threads}")
+    print(f"{'type':6s} {'whole ms':>9s} {'whole M/s':>10s} {'blocks M/s':>11s} {'pool M/s':>9s}")
     for r in results:
-        print(f"{r['type']:6s} {r['ms']:7.2f} {r['ms_alloc']:9.2f} {r['melem_s']:9.0f} "
-              f"{r['melem_s_threads']:11.0f} {r['gb_in_s']:8.2f}")
+        print(f"{r['type']:6s} {r['whole_ms']:9.2f} {r['whole']:10.0f} {r['blocks']:11.0f} {r['pool']:9.0f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +22,19 @@ class MatmulPath(str, enum.Enum):
     FUSED_B = "fused_b"  # dequantize weight tiles inside the GEMM
 
 
+class Untracked:
+    """Memory outside any pool (the `run` command, unit tests): allocates straight from the device."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def empty(self, kind: str, shape, dtype):
+        return self.device.empty(shape, dtype)
+
+    def release(self, array) -> None:
+        pass
+
+
 @dataclass(slots=True, eq=False)
 class Weight:
     """One tensor on a backend: its quantized bytes, and for W16 models an f16 copy."""
@@ -30,6 +43,7 @@ class Weight:
     qtype: QuantType
     shape: tuple[int, ...]  # GGUF order: shape[0] is the row length (K for a matmul)
     data: object  # backend array of the raw bytes, (rows, row_bytes) uint8; or f32 for vectors
+    mem: object  # the ModelMemory it was allocated from (and is released to)
     w16: object = None  # backend f16 array (rows, K), present only under the W16 plan
 
     @property
@@ -43,37 +57,60 @@ class Weight:
 
 @dataclass(slots=True, eq=False)
 class KVCache:
-    """Per-layer K and V arrays, each (slots, n_kv_heads, head_dim); slot = token position."""
+    """Per-layer K and V arrays, each (slots[layer], n_kv_heads, head_dim). A layer with fewer
+    slots than the context (a sliding-window layer) is a ring: position p lives in slot p % slots."""
 
     k: list
     v: list
-    slots: int
-    n_tokens: int = 0  # positions [0, n_tokens) hold valid keys and values
-    extra: dict = field(default_factory=dict)
+    slots: tuple[int, ...]
+    ctx: int  # positions the cache can hold
+    mem: object
+    n_tokens: int = 0  # positions [0, n_tokens) have been written
+
+
+def kv_slots(swa_layers, window: int, ctx: int, max_batch: int) -> tuple[int, ...]:
+    """Slots per layer: the context for global layers; for sliding-window layers the window plus
+    one batch (a batch's first query still needs window-1 keys before it), capped at the context."""
+    return tuple(min(ctx, window + max_batch - 1) if swa and window else ctx for swa in swa_layers)
 
 
 class Backend(ABC):
     name: str
+    memory: object  # the device's raw memory: empty(shape, dtype), used_bytes()
+    kv_dtype: str  # "f32" | "f16"
+
+    def untracked(self) -> Untracked:
+        return Untracked(self.memory)
 
     # ---- memory --------------------------------------------------------------------------
     @abstractmethod
-    def upload(self, name: str, qtype: QuantType, shape: tuple[int, ...], raw: np.ndarray) -> Weight:
-        """Copy a tensor's raw bytes (rows, row_bytes) to the backend. Vectors become f32."""
+    def upload(self, mem, name: str, qtype: QuantType, shape: tuple[int, ...], raw: np.ndarray) -> Weight:
+        """Copy a tensor's raw bytes (rows, row_bytes) into memory from `mem`. Vectors become f32."""
 
     @abstractmethod
     def make_w16(self, w: Weight) -> int:
-        """Build the resident f16 copy of a matmul weight; returns the bytes it holds."""
+        """Build the resident f16 copy of a matmul weight (from w.mem); returns its bytes."""
 
     @abstractmethod
     def drop_w16(self, w: Weight) -> int:
         """Free the f16 copy; returns the bytes freed."""
 
     @abstractmethod
-    def alloc_kv(self, n_layers: int, slots: int, n_kv_heads: int, head_dim: int) -> KVCache: ...
+    def alloc_kv(self, mem, slots: tuple[int, ...], ctx: int, n_kv_heads: int, head_dim: int) -> KVCache: ...
 
-    @abstractmethod
     def free(self, *objs) -> None:
-        """Release Weights and KVCaches now rather than whenever Python collects them."""
+        """Release Weights and KVCaches to the memory they came from, now."""
+        for o in objs:
+            if isinstance(o, Weight):
+                self.drop_w16(o)
+                if o.data is not None:
+                    o.mem.release(o.data)
+                o.data = None
+            elif isinstance(o, KVCache):
+                for a in o.k + o.v:
+                    o.mem.release(a)
+                o.k.clear()
+                o.v.clear()
 
     @abstractmethod
     def to_device(self, a: np.ndarray): ...
@@ -103,8 +140,8 @@ class Backend(ABC):
 
     @abstractmethod
     def attention(self, q, cache: KVCache, layer: int, positions: np.ndarray, window: int, scale: float):
-        """Causal GQA attention of q (n, Hq, D) over the cache's first positions[-1]+1 slots,
-        keys further than `window` back masked (0 = no window); returns (n, Hq * D)."""
+        """Causal GQA attention of q (n, Hq, D) at `positions` over the keys cached for this layer,
+        keys `window` or more positions back masked (0 = no window); returns (n, Hq * D)."""
 
     @abstractmethod
     def swiglu(self, gate, up): ...

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,48 +26,89 @@ BLOCK_ELEMS = 1 << 18
 W16_MIN_TOKENS = 1  # on the CPU reading the f16 copy is never slower than dequantizing
 
 
-class CpuBackend(Backend):
+class HostMemory:
+    """The CPU "device": NumPy buffers, with its own count of the bytes alive in them."""
+
     name = "cpu"
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self):
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        a = np.empty(shape, dtype)
+        with self._lock:
+            self._used += a.nbytes
+        weakref.finalize(a, self._drop, a.nbytes)
+        return a
+
+    def _drop(self, n: int) -> None:
+        with self._lock:
+            self._used -= n
+
+    def used_bytes(self) -> int:
+        return self._used
+
+
+def scratch_bytes(threads: int) -> int:
+    """The CPU backend's scratch arena: one f32 dequant buffer per thread."""
+    return threads * BLOCK_ELEMS * 4
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    kv_dtype = "f32"
+
+    def __init__(self, threads: int | None = None, memory: HostMemory | None = None):
         self.threads = threads or os.cpu_count() or 1
+        self.memory = memory or HostMemory()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="minferd-cpu")
 
     # ---- memory --------------------------------------------------------------------------
-    def upload(self, name, qtype: QuantType, shape, raw: np.ndarray) -> Weight:
-        w = Weight(name, qtype, tuple(shape), None)
+    def upload(self, mem, name, qtype: QuantType, shape, raw: np.ndarray) -> Weight:
+        w = Weight(name, qtype, tuple(shape), None, mem)
         if len(shape) == 1 or w.n_rows == 1:
             # Norm weights and biases: small, used every token; keep them as f32.
-            w.data = dequantize(qtype, raw, 1, w.row_elems * w.n_rows)[0]
+            w.data = mem.empty("weights", (w.row_elems * w.n_rows,), np.float32)
+            dequantize(qtype, raw, 1, w.row_elems * w.n_rows, out=w.data.reshape(1, -1))
         else:
-            w.data = np.array(raw, dtype=np.uint8, copy=True).reshape(w.n_rows, row_bytes(qtype, w.row_elems))
+            w.data = mem.empty("weights", (w.n_rows, row_bytes(qtype, w.row_elems)), np.uint8)
+            w.data[...] = np.asarray(raw).reshape(w.data.shape)
         return w
 
     def make_w16(self, w: Weight) -> int:
         if w.w16 is None:
-            w16 = np.empty((w.n_rows, w.row_elems), np.float16)
+            w16 = w.mem.empty("w16", (w.n_rows, w.row_elems), np.float16)
             for r0, r1 in self._row_blocks(w):
                 w16[r0:r1] = self._dequant_rows(w, r0, r1)
             w.w16 = w16
         return w.w16.nbytes
 
     def drop_w16(self, w: Weight) -> int:
-        n = 0 if w.w16 is None else w.w16.nbytes
+        if w.w16 is None:
+            return 0
+        n = w.w16.nbytes
+        w.mem.release(w.w16)
         w.w16 = None
         return n
 
-    def alloc_kv(self, n_layers, slots, n_kv_heads, head_dim) -> KVCache:
-        shape = (slots, n_kv_heads, head_dim)
-        return KVCache([np.zeros(shape, np.float32) for _ in range(n_layers)],
-                       [np.zeros(shape, np.float32) for _ in range(n_layers)], slots)
+    def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
+        k = [mem.empty("kv", (n, n_kv_heads, head_dim), np.float32) for n in slots]
+        v = [mem.empty("kv", (n, n_kv_heads, head_dim), np.float32) for n in slots]
+        return KVCache(k, v, tuple(slots), ctx, mem)
 
-    def free(self, *objs) -> None:
-        for o in objs:
-            if isinstance(o, Weight):
-                o.data = o.w16 = None
-            elif isinstance(o, KVCache):
-                o.k.clear()
-                o.v.clear()
+    def alloc_scratch(self, mem) -> None:
+        """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch)."""
+        bufs = [mem.empty("scratch", (BLOCK_ELEMS,), np.float32) for _ in range(self.threads)]
+        self._scratch = queue.SimpleQueue()
+        for b in bufs:
+            self._scratch.put(b)
+        self._scratch_list = bufs
+
+    def free_scratch(self, mem) -> None:
+        for b in getattr(self, "_scratch_list", []):
+            mem.release(b)
+        self._scratch_list, self._scratch = [], None
 
     def to_device(self, a):
         return np.asarray(a)
@@ -77,18 +121,28 @@ class CpuBackend(Backend):
         step = max(1, BLOCK_ELEMS // w.row_elems)
         return [(r, min(r + step, w.n_rows)) for r in range(0, w.n_rows, step)]
 
-    def _dequant_rows(self, w: Weight, r0: int, r1: int) -> np.ndarray:
+    def _dequant_rows(self, w: Weight, r0: int, r1: int, out=None) -> np.ndarray:
         if w.w16 is not None:
-            return w.w16[r0:r1].astype(np.float32)
-        return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems)
+            if out is None:
+                return w.w16[r0:r1].astype(np.float32)
+            np.copyto(out, w.w16[r0:r1])
+            return out
+        return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems, out=out)
 
     def matmul(self, x, w: Weight):
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], w.n_rows), np.float32)
+        arena = getattr(self, "_scratch", None)
 
         def block(r):
             r0, r1 = r
-            np.matmul(x, self._dequant_rows(w, r0, r1).T, out=y[:, r0:r1])
+            buf = arena.get() if arena is not None else None
+            try:
+                out = None if buf is None else buf[:(r1 - r0) * w.row_elems].reshape(r1 - r0, w.row_elems)
+                np.matmul(x, self._dequant_rows(w, r0, r1, out).T, out=y[:, r0:r1])
+            finally:
+                if buf is not None:
+                    arena.put(buf)
 
         list(self._pool.map(block, self._row_blocks(w)))
         return y
@@ -125,17 +179,23 @@ class CpuBackend(Backend):
         return out
 
     def kv_write(self, cache: KVCache, layer, positions, k, v):
-        cache.k[layer][positions] = k
-        cache.v[layer][positions] = v
+        slots = np.asarray(positions) % cache.slots[layer]
+        cache.k[layer][slots] = k
+        cache.v[layer][slots] = v
 
     def attention(self, q, cache: KVCache, layer, positions, window, scale):
         n, hq, d = q.shape
         positions = np.asarray(positions)
-        n_keys = int(positions[-1]) + 1
-        k, v = cache.k[layer][:n_keys], cache.v[layer][:n_keys]
+        last, size = int(positions[-1]), cache.slots[layer]
+        key_pos = np.arange(max(0, last + 1 - size), last + 1)
+        if size < last + 1 and size < window + n - 1:
+            raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
+        if size >= last + 1:
+            k, v = cache.k[layer][:last + 1], cache.v[layer][:last + 1]
+        else:
+            k, v = cache.k[layer][key_pos % size], cache.v[layer][key_pos % size]
         hkv = k.shape[1]
         group = hq // hkv
-        key_pos = np.arange(n_keys)
         allowed = key_pos[None, :] <= positions[:, None]
         if window:
             allowed &= positions[:, None] - key_pos[None, :] < window

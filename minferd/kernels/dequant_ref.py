@@ -112,16 +112,16 @@ def _scale_min_k4(raw: np.ndarray, bb: int) -> tuple[np.ndarray, np.ndarray]:
 # Each _deq_* reads raw (nb * block_bytes,) uint8 and writes out (nb, block_elems) f32.
 
 def _deq_f32(raw, out):
-    out.reshape(-1)[:] = raw.view(np.float32)
+    out.reshape(-1)[:] = raw.view("<f4")
 
 
 def _deq_f16(raw, out):
-    out.reshape(-1)[:] = raw.view(np.float16)
+    out.reshape(-1)[:] = raw.view("<f2")
 
 
 def _deq_bf16(raw, out):
     # bf16 is the top half of an f32: widen and shift, no float arithmetic at all.
-    np.left_shift(raw.view(np.uint16), 16, out=out.reshape(-1).view(np.uint32), dtype=np.uint32)
+    np.left_shift(raw.view("<u2"), 16, out=out.reshape(-1).view(np.uint32), dtype=np.uint32)
 
 
 def _deq_q4_0(raw, out):
@@ -143,7 +143,7 @@ def _q5(raw, bb, qh_off):
     # j//8, exactly what unpackbits(bitorder="little") yields, in element order.
     q = _unpack(_bytes(raw, bb, qh_off + 4, 16), 4, 16)
     hb = np.unpackbits(_bytes(raw, bb, qh_off, 4).reshape(-1), bitorder="little")
-    hb <<= 4
+    hb *= 16  # not <<= 4: uint8 shifts are NumPy's slow path
     q |= hb.reshape(q.shape)
     return q
 
@@ -182,16 +182,17 @@ def _deq_q3_k(raw, out):
     # subtracts 4 where that bit is CLEAR, i.e. value = (q | hbit << 2) - 4.
     nb = out.shape[0]
     q = _unpack(_bytes(raw, 110, 32, 64), 2, 32)
-    hb = _unpack(_bytes(raw, 110, 0, 32), 1, 32)
-    hb <<= 2
-    q |= hb
+    q |= _unpack(_bytes(raw, 110, 0, 32), 1, 32, at=2)
     q -= 4
     # Scale i: low nibble from byte i%8 (low half for i<8, high for i>=8), top 2 bits
-    # from byte 8 + i%4 at bit 2*(i//4).
-    sc = _bytes(raw, 110, 96, 12)
-    low = np.concatenate([sc[:, 0:8] & 0x0F, sc[:, 0:8] >> 4], axis=1)
-    high = np.concatenate([(sc[:, 8:12] >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
-    scale = (low | (high << 4)).view(np.int8) - np.int8(32)
+    # from byte 8 + i%4 at bit 2*(i//4). ggml's kmask1/kmask2 code, on u32 words.
+    a0, a1, h = _u32(raw, 110, 96), _u32(raw, 110, 100), _u32(raw, 110, 104)
+    sc = np.empty((len(h), 4), "<u4")
+    sc[:, 0] = (a0 & 0x0F0F0F0F) | ((h & 0x03030303) << 4)
+    sc[:, 1] = (a1 & 0x0F0F0F0F) | (((h >> 2) & 0x03030303) << 4)
+    sc[:, 2] = ((a0 >> 4) & 0x0F0F0F0F) | (((h >> 4) & 0x03030303) << 4)
+    sc[:, 3] = ((a1 >> 4) & 0x0F0F0F0F) | (((h >> 6) & 0x03030303) << 4)
+    scale = sc.view(np.int8) - np.int8(32)
     dl = (_f16(raw, 110, 108) * scale).reshape(-1, 1)
     _scale(out.reshape(nb * 16, 16), q.view(np.int8).reshape(nb * 16, 16), dl)
 
@@ -200,7 +201,7 @@ def _deq_k_affine(raw, bb, q, out):
     # Q4_K/Q5_K: [0:2] f16 d, [2:4] f16 dmin, [4:16] packed 6-bit scales and mins per
     # 32 elements; y = (d*sc)*q - dmin*m.
     nb = out.shape[0]
-    scale, mins = _scale_min_k4(_bytes(raw, bb, 4, 12))
+    scale, mins = _scale_min_k4(raw, bb)
     dl = (_f16(raw, bb, 0) * scale).reshape(-1, 1)
     ml = (_f16(raw, bb, 2) * mins).reshape(-1, 1)
     _scale(out.reshape(nb * 8, 32), q.reshape(nb * 8, 32), dl, ml)
@@ -216,9 +217,7 @@ def _deq_q5_k(raw, out):
     # As Q4_K, with [16:48] qh before the nibbles at [48:176]: the 5th bit of element
     # 32s + l is bit s of qh[l].
     q = _unpack(_bytes(raw, 176, 48, 128), 4, 32)
-    hb = _unpack(_bytes(raw, 176, 16, 32), 1, 32)
-    hb <<= 4
-    q |= hb
+    q |= _unpack(_bytes(raw, 176, 16, 32), 1, 32, at=4)
     _deq_k_affine(raw, 176, q, out)
 
 
@@ -229,9 +228,7 @@ def _deq_q6_k(raw, out):
     # qh[32h + l], runs of 32. Value - 32.
     nb = out.shape[0]
     q = _unpack(_bytes(raw, 210, 0, 128), 4, 64)
-    hb = _unpack(_bytes(raw, 210, 128, 64), 2, 32)
-    hb <<= 4
-    q |= hb
+    q |= _unpack(_bytes(raw, 210, 128, 64), 2, 32, at=4)
     q -= 32
     dl = (_f16(raw, 210, 208) * _bytes(raw, 210, 192, 16).view(np.int8)).reshape(-1, 1)
     _scale(out.reshape(nb * 16, 16), q.view(np.int8).reshape(nb * 16, 16), dl)

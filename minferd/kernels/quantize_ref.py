@@ -1,7 +1,7 @@
 """Reference quantizers (f32 -> GGUF block bytes) and random block generators.
 
 They exist to make test fixtures and synthetic models, not to compete with llama.cpp's
-quantize: the 32-element types go through gguf.quants (bit-exact with ggml's reference
+quantize: the 32-element types go through gguf.quants (which follows ggml's reference
 quantizers), and the K-quants here are a vectorized simplification of ggml's
 make_qkx2_quants / make_qx_quants (a small grid of candidate scales per sub-block, least
 squares refit, then the sub-block scales quantized against the super-block's f16 d).
@@ -44,22 +44,28 @@ def _affine_fit(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     span = x.max(-1, keepdims=True) - lo
     steps = np.arange(-10, 11, dtype=np.float32) * 0.1              # ggml: nmax-1 .. nmax+1
     iscale = _safe_div(nmax + steps, span)[..., None, :]           # (..., 1, C)
-    xc = (x - lo)[..., :, None]                                    # (..., n, 1)
-    q = np.clip(np.rint(xc * iscale), 0, nmax)                     # (..., n, C)
+    q = (x - lo)[..., :, None] * iscale                            # (..., n, C)
+    np.rint(q, out=q)
+    np.clip(q, 0, nmax, out=q)
+    # Per-candidate sums (f64: the error below is a difference of near-equal terms).
     n = x.shape[-1]
-    xs = x[..., :, None]
-    sq, sx, sqq, sqx = q.sum(-2), xs.sum(-2), (q * q).sum(-2), (q * xs).sum(-2)
-    det = n * sqq - sq * sq
-    scale = _safe_div(n * sqx - sq * sx, det)
-    off = _safe_div(sx - scale * sq, np.float32(n))
-    # The format's min is subtracted and must be >= 0: refit scale alone where it is not.
-    pos = off > 0
-    scale = np.where(pos, _safe_div(sqx, sqq), scale)
-    off = np.where(pos, 0, off)
-    err = ((scale[..., None, :] * q + off[..., None, :] - xs) ** 2).sum(-2)
+    sq = q.sum(-2, dtype=np.float64)
+    sqq = np.einsum("...nc,...nc->...c", q, q).astype(np.float64)
+    sqx = np.einsum("...nc,...n->...c", q, x).astype(np.float64)
+    sx = x.sum(-1, keepdims=True, dtype=np.float64)
+    sxx = np.einsum("...n,...n->...", x, x)[..., None].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        det = n * sqq - sq * sq
+        scale = np.where(det > 0, (n * sqx - sq * sx) / det, 0)
+        off = (sx - scale * sq) / n
+        # The format's min is subtracted and must be >= 0: refit scale alone where not.
+        pos = off > 0
+        scale = np.where(pos, np.where(sqq > 0, sqx / sqq, 0), scale)
+        off = np.where(pos, 0, off)
+    err = scale * scale * sqq + 2 * scale * off * sq + n * off * off - 2 * scale * sqx - 2 * off * sx + sxx
     best = err.argmin(-1)[..., None]
-    return (np.take_along_axis(scale, best, -1)[..., 0].clip(0),
-            -np.take_along_axis(off, best, -1)[..., 0])
+    return (np.take_along_axis(scale, best, -1)[..., 0].clip(0).astype(np.float32),
+            -np.take_along_axis(off, best, -1)[..., 0].astype(np.float32))
 
 
 def _symmetric_fit(x: np.ndarray, nmax: int, n_steps: int = 19) -> np.ndarray:
@@ -69,9 +75,11 @@ def _symmetric_fit(x: np.ndarray, nmax: int, n_steps: int = 19) -> np.ndarray:
     vmax = np.take_along_axis(x, amax_i, -1)                       # signed, (..., 1)
     steps = np.arange(-(n_steps // 2), n_steps // 2 + 1, dtype=np.float32) * 0.1
     iscale = _safe_div(-(nmax + steps), vmax)[..., None, :]        # (..., 1, C)
-    xs = x[..., :, None]
-    q = np.clip(np.rint(xs * iscale), -nmax, nmax - 1)
-    sqx, sqq = (q * xs).sum(-2), (q * q).sum(-2)
+    q = x[..., :, None] * iscale                                   # (..., n, C)
+    np.rint(q, out=q)
+    np.clip(q, -nmax, nmax - 1, out=q)
+    sqx = np.einsum("...nc,...n->...c", q, x)
+    sqq = np.einsum("...nc,...nc->...c", q, q)
     best = _safe_div(sqx * sqx, sqq).argmax(-1)[..., None]         # max explained energy
     return np.take_along_axis(_safe_div(sqx, sqq), best, -1)[..., 0]
 
@@ -106,7 +114,8 @@ def _quant_symmetric(x, nmax: int, smax: int):
 
 
 def _pack_crumbs(q: np.ndarray) -> np.ndarray:
-    """Inverse of dequant_ref._crumbs: (nb, 256) values 0..3 -> (nb, 64) bytes."""
+    """(nb, 256) values 0..3 -> (nb, 64) bytes: element 128h + 32j + l into bits 2j of
+    byte 32h + l (Q2_K/Q3_K; dequant_ref._unpack(.., 2, 32) reads it back)."""
     nb = len(q)
     return np.bitwise_or.reduce((q.reshape(nb, 2, 4, 32) & 3) << _SHIFT_2BIT, axis=2).reshape(nb, 64)
 
@@ -222,7 +231,9 @@ def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Gener
     fields overwritten in place."""
     rb = row_bytes(qt, row_elems)
     n = rows * rb
-    buf = rng.bit_generator.random_raw((n + 7) // 8).view(_U8)[:n]
+    # Full-range uint64 draws are the generator's fast path (~1.5 GB/s); uint8 draws are
+    # 3x slower, and bit_generator.random_raw gives only 32 bits a word on some generators.
+    buf = rng.integers(0, 1 << 64, size=(n + 7) // 8, dtype=np.uint64).view(_U8)[:n]
     if qt.name in _FLOAT_MASKS:
         dt, keep, force = _FLOAT_MASKS[qt.name]
         words = buf.view(dt)
@@ -231,8 +242,9 @@ def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Gener
         return buf.reshape(rows, rb)
     blocks = buf.reshape(-1, qt.block_bytes)
     for off, signed in _F16_FIELDS[qt.name]:
+        field = blocks[:, off:off + 2].view("<u2")[:, 0]
         vals = rng.integers(_F16_LO, _F16_HI + 1, size=len(blocks), dtype=np.uint16)
-        if signed:
-            vals |= (rng.integers(0, 2, size=len(blocks), dtype=np.uint16) << 15).astype(np.uint16)
-        blocks[:, off:off + 2].view(np.uint16)[:, 0] = vals
+        if signed:  # keep the random sign bit already there
+            vals |= field & np.uint16(0x8000)
+        field[:] = vals
     return buf.reshape(rows, rb)

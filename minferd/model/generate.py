@@ -16,10 +16,6 @@ from minferd.backend.base import KVCache
 from minferd.errors import InvalidRequest
 from minferd.model.sampler import Sampler, SamplingParams, StopChecker
 
-# Prompts are prefilled in chunks of this many tokens: bounds the attention scratch.
-PREFILL_CHUNK = 512
-
-
 @dataclass(slots=True)
 class GenerationResult:
     token_ids: list[int]
@@ -42,23 +38,24 @@ def check_prompt(ids, n_vocab: int, ctx: int, max_tokens: int = 0) -> np.ndarray
 
 
 def prefill(model, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
-    """Feed ids in chunks; returns host f32 logits of the last position (or of every position)."""
-    be = model.be
+    """Feed ids in chunks of the model's batch; returns host f32 logits of the last position
+    (or of every position)."""
+    be, step = model.be, model.max_batch
     out = []
-    for s in range(0, len(ids), PREFILL_CHUNK):
-        logits = model.forward(ids[s:s + PREFILL_CHUNK], cache, all_logits=all_logits)
+    for s in range(0, len(ids), step):
+        logits = model.forward(ids[s:s + step], cache, all_logits=all_logits)
         out.append(be.to_host(logits))
     return np.concatenate(out) if all_logits else out[-1][-1]
 
 
 def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_piece=None,
-             should_stop=None) -> GenerationResult:
+             should_stop=None, mem=None) -> GenerationResult:
     """Sample up to params.max_tokens tokens after prompt_ids. on_piece(token_id, text) is called
     for each token as it is produced (text may be "" while a UTF-8 character or a possible stop
     string is incomplete); should_stop() returning True ends the generation ("cancelled")."""
     be = model.be
     ids = check_prompt(prompt_ids, model.spec.n_vocab, ctx)
-    cache = be.alloc_kv(model.spec.n_layers, ctx, model.spec.n_kv_heads, model.spec.head_dim)
+    cache = model.new_cache(mem or be.untracked(), ctx)
     sampler = Sampler(params)
     stops = StopChecker(params.stop)
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -107,12 +104,12 @@ def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_
     return GenerationResult(out_ids, "".join(text), len(ids), finish, timings)
 
 
-def score(model, ids, top_k: int = 5, ctx: int | None = None) -> dict:
+def score(model, ids, top_k: int = 5, ctx: int | None = None, mem=None) -> dict:
     """Teacher-forced pass: for each position the top_k next tokens [id, logit, logprob], and the
     perplexity of the sequence (over positions 1..n-1, as llama-perplexity counts it)."""
     be = model.be
     ids = check_prompt(ids, model.spec.n_vocab, ctx or model.spec.ctx_train)
-    cache = be.alloc_kv(model.spec.n_layers, len(ids), model.spec.n_kv_heads, model.spec.head_dim)
+    cache = model.new_cache(mem or be.untracked(), len(ids))
     try:
         logits = prefill(model, ids, cache, all_logits=True)
     finally:

@@ -60,15 +60,15 @@ def open_model_file(path: str | os.PathLike) -> ModelFile:
     return ModelFile(gf, spec, tensors)
 
 
-def upload_weights(mf: ModelFile, backend: Backend, path: MatmulPath, progress=None) -> dict[str, Weight]:
-    """Copy every tensor to the backend (and build W16 copies under that plan).
+def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progress=None) -> dict[str, Weight]:
+    """Copy every tensor into memory from `mem` (and build W16 copies under that plan).
     On any failure, everything uploaded so far is freed before the error propagates."""
     weights: dict[str, Weight] = {}
     total = sum(t.n_bytes for t, _ in mf.tensors.values())
     done = 0
     try:
         for name, (t, role) in mf.tensors.items():
-            w = backend.upload(name, t.qtype, t.shape, mf.gguf.raw(name))
+            w = backend.upload(mem, name, t.qtype, t.shape, mf.gguf.raw(name))
             weights[name] = w
             if path == MatmulPath.W16 and role == MATMUL:
                 backend.make_w16(w)
@@ -118,6 +118,6 @@ def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None 
     mf = open_model_file(resolve_path(name_or_path))
     tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
     backend = backend or CpuBackend(threads)
-    weights = upload_weights(mf, backend, MatmulPath(matmul_path))
+    weights = upload_weights(mf, backend, backend.untracked(), MatmulPath(matmul_path))
     model = build_model(mf, backend, weights)
     return LocalModel(model, tokenizer, mf.spec, mf, (time.perf_counter() - t0) * 1e3)

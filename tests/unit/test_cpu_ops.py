@@ -29,7 +29,7 @@ def naive_attention(q, k, v, positions, window, scale):
 @pytest.mark.parametrize("window", [0, 3])
 def test_attention_gqa_causal_window(window):
     n_ctx, n, hq, hkv, d = 12, 5, 4, 2, 8
-    cache = be.alloc_kv(1, n_ctx, hkv, d)
+    cache = be.alloc_kv(be.untracked(), (n_ctx,), n_ctx, hkv, d)
     k = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
     v = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
     positions = np.arange(n_ctx - n, n_ctx)
@@ -58,7 +58,7 @@ def test_rope(neox):
 
 def test_rmsnorm_and_gates():
     x = rng.standard_normal((4, 16)).astype(np.float32)
-    w = be.upload("n", TYPES["F32"], (16,), (rng.standard_normal(16).astype(np.float32)).view(np.uint8))
+    w = be.upload(be.untracked(), "n", TYPES["F32"], (16,), (rng.standard_normal(16).astype(np.float32)).view(np.uint8))
     want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w.data
     np.testing.assert_allclose(be.rmsnorm(x, w, 1e-6), want, rtol=1e-5)
     g, u = x, x[::-1]
@@ -74,7 +74,7 @@ def test_matmul_and_embed_row_blocks(name):
     qt = TYPES[name]
     rows, k = 3000, 512  # several row blocks, the last one partial
     raw = quantize(qt, rng.standard_normal((rows, k)).astype(np.float32))
-    w = be.upload("w", qt, (k, rows), raw)
+    w = be.upload(be.untracked(), "w", qt, (k, rows), raw)
     dense = dequantize(qt, raw, rows, k)
     x = rng.standard_normal((3, k)).astype(np.float32)
     np.testing.assert_allclose(be.matmul(x, w), x @ dense.T, rtol=1e-4, atol=1e-3)
@@ -83,3 +83,24 @@ def test_matmul_and_embed_row_blocks(name):
     assert be.make_w16(w) == rows * k * 2
     np.testing.assert_allclose(be.matmul(x, w), x @ dense.astype(np.float16).astype(np.float32).T, rtol=1e-4, atol=1e-3)
     assert be.drop_w16(w) == rows * k * 2 and w.w16 is None
+
+
+def test_sliding_window_ring_equals_full_cache():
+    """A sliding-window layer cached in a ring of window + batch - 1 slots attends exactly as it
+    would over a full-length cache, across many batches that wrap the ring."""
+    from minferd.backend.base import kv_slots
+    window, batch, n_ctx, hkv, hq, d = 5, 3, 40, 1, 2, 4
+    (ring_slots,) = kv_slots((True,), window, n_ctx, batch)
+    assert ring_slots == window + batch - 1
+    ring = be.alloc_kv(be.untracked(), (ring_slots,), n_ctx, hkv, d)
+    full = be.alloc_kv(be.untracked(), (n_ctx,), n_ctx, hkv, d)
+    for start in range(0, n_ctx, batch):
+        pos = np.arange(start, min(start + batch, n_ctx))
+        k, v, q = (rng.standard_normal((len(pos), h, d)).astype(np.float32) for h in (hkv, hkv, hq))
+        for c in (ring, full):
+            be.kv_write(c, 0, pos, k, v)
+        np.testing.assert_allclose(be.attention(q, ring, 0, pos, window, 0.5),
+                                   be.attention(q, full, 0, pos, window, 0.5), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="ring"):
+        be.attention(rng.standard_normal((batch + 1, hq, d)).astype(np.float32), ring, 0,
+                     np.arange(n_ctx - batch - 1, n_ctx), window, 0.5)

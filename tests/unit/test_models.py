@@ -21,8 +21,8 @@ def test_decode_matches_prefill(synth_model, arch, quant):
     lm = load_local(synth_model(arch, quant), "mmq", threads=1)
     s, be = lm.spec, lm.model.be
     ids = _ids(s.n_vocab, N_TOKENS)
-    whole = prefill(lm.model, ids, be.alloc_kv(s.n_layers, N_TOKENS, s.n_kv_heads, s.head_dim), all_logits=True)
-    cache = be.alloc_kv(s.n_layers, N_TOKENS, s.n_kv_heads, s.head_dim)
+    whole = prefill(lm.model, ids, lm.model.new_cache(be.untracked(), N_TOKENS), all_logits=True)
+    cache = lm.model.new_cache(be.untracked(), N_TOKENS)
     stepped = np.concatenate([be.to_host(lm.model.forward(ids[i:i + 1], cache)) for i in range(N_TOKENS)])
     scale = np.abs(whole).max()
     assert np.abs(stepped - whole).max() <= 1e-4 * scale
@@ -50,8 +50,8 @@ def test_w16_plan_matches_dequant_at_use(synth_model, arch):
     assert held == 2 * b.file.matmul_elems()
     assert all(w.w16 is None for w in a.model.w.values())
     ids = _ids(a.spec.n_vocab, 8)
-    la = prefill(a.model, ids, a.model.be.alloc_kv(a.spec.n_layers, 8, a.spec.n_kv_heads, a.spec.head_dim))
-    lb = prefill(b.model, ids, b.model.be.alloc_kv(b.spec.n_layers, 8, b.spec.n_kv_heads, b.spec.head_dim))
+    la = prefill(a.model, ids, a.model.new_cache(a.model.be.untracked(), 8))
+    lb = prefill(b.model, ids, b.model.new_cache(b.model.be.untracked(), 8))
     assert np.abs(la - lb).max() <= 2e-2 * np.abs(la).max()
 
 

@@ -27,8 +27,7 @@ def llama_logits(m, ids) -> np.ndarray:
 
 
 def our_logits(lm, ids) -> np.ndarray:
-    s = lm.spec
-    cache = lm.model.be.alloc_kv(s.n_layers, len(ids), s.n_kv_heads, s.head_dim)
+    cache = lm.model.new_cache(lm.model.be.untracked(), len(ids))
     return prefill(lm.model, np.asarray(ids), cache, all_logits=True)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.base import Backend, KVCache, Weight, kv_slots
 from minferd.model.spec import ModelSpec
 
 # Tensor roles decide which types are acceptable: matmul and embedding weights may be any of
@@ -16,6 +16,8 @@ MATMUL, EMBED, VECTOR = "matmul", "embed", "vector"
 
 
 class LlamaModel:
+    max_batch = 512  # tokens per forward call: sizes the sliding-window rings and the scratch
+
     def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
         self.spec, self.w, self.be = spec, weights, backend
         self.output = weights.get("output.weight") or weights["token_embd.weight"]
@@ -54,14 +56,20 @@ class LlamaModel:
         }
 
     # ---- forward ---------------------------------------------------------------------------
+    def new_cache(self, mem, ctx: int) -> KVCache:
+        s = self.spec
+        slots = kv_slots(s.swa_layers, s.sliding_window, ctx, self.max_batch)
+        return self.be.alloc_kv(mem, slots, ctx, s.n_kv_heads, s.head_dim)
+
     def forward(self, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
         """Run tokens `ids` at positions cache.n_tokens.. and append them to the cache.
         Returns logits (n, vocab) for every position if all_logits, else (1, vocab) for the last."""
         s, be = self.spec, self.be
         n = len(ids)
         positions = np.arange(cache.n_tokens, cache.n_tokens + n, dtype=np.int64)
-        if positions[-1] >= cache.slots:
-            raise ValueError(f"{n} tokens at position {cache.n_tokens} exceed the context of {cache.slots}")
+        if positions[-1] >= cache.ctx or n > self.max_batch:
+            raise ValueError(f"{n} tokens at position {cache.n_tokens}: past the context of {cache.ctx} "
+                             f"or the batch of {self.max_batch}")
         x = be.embed(ids, self.w["token_embd.weight"])
         if s.embed_scale != 1.0:
             x = x * np.float32(s.embed_scale)
