@@ -2,7 +2,8 @@
 
 The CPU backend dequantizes every matmul weight at each use, in row blocks of about
 2^18 elements spread over a thread pool, so that is what this measures, per type:
-  whole   one call for the whole weight (default 640 x 2048, a gemma3-270m ffn_down)
+  whole   one call for the whole weight into a reused buffer (default 640 x 2048, a
+          gemma3-270m ffn_down)
   blocks  the same weight as 2^18-element row blocks, one thread
   pool    the row blocks over --threads threads (numpy releases the GIL in big ufuncs)
 Figures are best-of-N wall time, in million elements per second.
@@ -44,9 +45,9 @@ def bench_type(name: str, rows: int, cols: int, pool: ThreadPoolExecutor, rng) -
     step = max(1, BLOCK_ELEMS // cols)
     spans = [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
-    def block(span):  # a fresh result per block, as the backend's matmul does
+    def block(span):  # a fresh result per block, used and dropped, as the backend's matmul does
         r0, r1 = span
-        return dequantize(qt, raw[r0:r1], r1 - r0, cols)
+        dequantize(qt, raw[r0:r1], r1 - r0, cols)
 
     whole = best_time(lambda: dequantize(qt, raw, rows, cols, out=out))
     blocks = best_time(lambda: [block(s) for s in spans])

@@ -16,3 +16,15 @@ class ModelFileError(MinferdError):
 
 class InvalidRequest(MinferdError):
     """A request or argument that is wrong in itself (bad sampling parameter, empty prompt, ...)."""
+
+
+class NotFound(MinferdError):
+    """No such model (or file)."""
+
+
+class Conflict(MinferdError):
+    """The request contradicts the daemon's state (a name in use, a model busy)."""
+
+
+class PermissionDenied(MinferdError):
+    """A path outside the configured model directories."""

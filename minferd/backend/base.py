@@ -5,21 +5,13 @@ sees NumPy or CuPy directly except through plain arithmetic on the arrays the op
 """
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
+from minferd.devices import MatmulPath  # noqa: F401  (re-exported for backends)
 from minferd.kernels.quant import QuantType
-
-
-class MatmulPath(str, enum.Enum):
-    """How a model's prefill matmuls read quantized weights (DESIGN.md, "The problem it solves")."""
-
-    W16 = "w16"  # resident f16 copy, dense GEMM
-    MMQ = "mmq"  # int8-quantized activations x quantized weights
-    FUSED_B = "fused_b"  # dequantize weight tiles inside the GEMM
 
 
 class Untracked:

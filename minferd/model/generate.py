@@ -49,13 +49,16 @@ def prefill(model, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
 
 
 def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_piece=None,
-             should_stop=None, mem=None) -> GenerationResult:
+             should_stop=None, cache: KVCache | None = None) -> GenerationResult:
     """Sample up to params.max_tokens tokens after prompt_ids. on_piece(token_id, text) is called
     for each token as it is produced (text may be "" while a UTF-8 character or a possible stop
     string is incomplete); should_stop() returning True ends the generation ("cancelled")."""
     be = model.be
     ids = check_prompt(prompt_ids, model.spec.n_vocab, ctx)
-    cache = model.new_cache(mem or be.untracked(), ctx)
+    own = cache is None
+    if own:
+        cache = model.new_cache(be.untracked(), ctx)
+    cache.n_tokens = 0
     sampler = Sampler(params)
     stops = StopChecker(params.stop)
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -89,7 +92,8 @@ def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_
             logits = be.to_host(model.forward(np.array([tok]), cache))[-1]
         t2 = time.perf_counter()
     finally:
-        be.free(cache)
+        if own:
+            be.free(cache)
     if finish != "stop" or not params.stop:
         tail = stops.flush() + utf8.decode(b"", final=True)
         text.append(tail)
@@ -104,12 +108,12 @@ def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_
     return GenerationResult(out_ids, "".join(text), len(ids), finish, timings)
 
 
-def score(model, ids, top_k: int = 5, ctx: int | None = None, mem=None) -> dict:
+def score(model, ids, top_k: int = 5, ctx: int | None = None) -> dict:
     """Teacher-forced pass: for each position the top_k next tokens [id, logit, logprob], and the
     perplexity of the sequence (over positions 1..n-1, as llama-perplexity counts it)."""
     be = model.be
     ids = check_prompt(ids, model.spec.n_vocab, ctx or model.spec.ctx_train)
-    cache = model.new_cache(mem or be.untracked(), len(ids))
+    cache = model.new_cache(be.untracked(), len(ids))
     try:
         logits = prefill(model, ids, cache, all_logits=True)
     finally:

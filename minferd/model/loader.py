@@ -5,7 +5,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from minferd.backend.base import Backend, MatmulPath, Weight
+from minferd.backend.base import Backend, Weight
+from minferd.devices import MatmulPath
 from minferd.errors import ModelFileError
 from minferd.kernels.quant import SUPPORTED_NAMES
 from minferd.model.arch import MODELS

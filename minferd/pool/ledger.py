@@ -11,6 +11,7 @@ import threading
 from collections import defaultdict
 
 from minferd.errors import MinferdError
+from minferd.units import fmt_bytes
 
 KINDS = ("weights", "w16", "kv", "scratch")
 
@@ -20,9 +21,8 @@ class PoolExhausted(MinferdError):
 
     def __init__(self, what: str, needed: int, free: int, freeable: int = 0, detail: str = ""):
         self.needed, self.free, self.freeable = needed, free, freeable
-        gib = 2**30
-        msg = (f"{what}: needs {needed / gib:.3f} GiB ({needed} bytes), {free / gib:.3f} GiB free"
-               f", {freeable / gib:.3f} GiB could be freed by demoting or unloading idle models")
+        msg = (f"{what}: needs {fmt_bytes(needed)} ({needed} bytes), {fmt_bytes(max(free, 0))} free, "
+               f"{fmt_bytes(freeable)} could be freed by demoting or unloading idle models")
         super().__init__(msg + (f"; {detail}" if detail else ""))
 
 

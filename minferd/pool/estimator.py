@@ -1,0 +1,47 @@
+"""What a model will cost, by kind, from its GGUF header alone (nothing is read or allocated)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minferd.backend.base import kv_slots
+from minferd.devices import DeviceTraits
+from minferd.model.arch.llama import MATMUL, VECTOR, LlamaModel
+from minferd.model.loader import ModelFile
+
+VECTOR_ELEM_BYTES = 4  # norms and biases are held as f32 on every backend
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    weights: int  # quantized matrices as stored, vectors as f32
+    w16: int  # what a W16 plan adds: 2 bytes per matmul element
+    kv: int
+    scratch: int
+    matmul_bytes: int  # quantized bytes of the matmul weights (the W16 size gate reads this)
+    matmul_types: frozenset  # type names of the matmul weights
+    ctx: int
+
+    def total(self, with_w16: bool) -> int:
+        return self.weights + self.kv + self.scratch + (self.w16 if with_w16 else 0)
+
+    def by_kind(self, with_w16: bool) -> dict[str, int]:
+        return {"weights": self.weights, "w16": self.w16 if with_w16 else 0, "kv": self.kv, "scratch": self.scratch}
+
+
+def kv_bytes(mf: ModelFile, ctx: int, elem_bytes: int, max_batch: int = LlamaModel.max_batch) -> int:
+    s = mf.spec
+    slots = kv_slots(s.swa_layers, s.sliding_window, ctx, max_batch)
+    return sum(slots) * s.kv_dim * 2 * elem_bytes
+
+
+def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int) -> Estimate:
+    weights = w16 = mm_bytes = 0
+    types = set()
+    for t, role in mf.tensors.values():
+        weights += t.n_elems * VECTOR_ELEM_BYTES if role == VECTOR else t.n_bytes
+        if role == MATMUL:
+            w16 += 2 * t.n_elems
+            mm_bytes += t.n_bytes
+            types.add(t.qtype.name)
+    return Estimate(weights, w16, kv_bytes(mf, ctx, traits.kv_elem_bytes), traits.scratch_fixed,
+                    mm_bytes, frozenset(types), ctx)

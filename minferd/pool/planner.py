@@ -1,0 +1,66 @@
+"""Plan: which matmul path a model runs, and why (DESIGN.md, "Plan per model", in that order)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from minferd.devices import DeviceTraits, MatmulPath
+from minferd.pool.estimator import Estimate
+from minferd.units import fmt_bytes
+
+W16_MIN_BYTES = 2 << 30  # the seeds' W16_ENABLE_BYTES: small models keep their quantized footprint
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    matmul_path: MatmulPath
+    reason: str
+    ctx: int
+    kv_dtype: str
+    bytes: dict  # kind -> bytes under this plan
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+
+def quantized_path(est: Estimate, traits: DeviceTraits) -> tuple[MatmulPath, str]:
+    missing = sorted(est.matmul_types - traits.path_types[MatmulPath.MMQ])
+    if not missing:
+        return MatmulPath.MMQ, "mmq covers every matmul type"
+    return MatmulPath.FUSED_B, f"mmq has no kernel for {', '.join(missing)}"
+
+
+def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath | None = None,
+         w16_min_bytes: int = W16_MIN_BYTES, env=os.environ) -> Plan:
+    """Choose the path for a model whose costs are `est`, with `free` bytes in the pool now.
+    Valves: MINFERD_FUSED_B=1 forces FUSED_B; MINFERD_NO_W16CACHE=1 forbids W16."""
+    kv_dtype = "f16" if traits.kv_elem_bytes == 2 else "f32"
+
+    def make(path: MatmulPath, reason: str) -> Plan:
+        return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16))
+
+    q_path, q_why = quantized_path(est, traits)
+    no_w16 = env.get("MINFERD_NO_W16CACHE") == "1"
+    fits = est.total(True) <= free
+    does_not_fit = f"the f16 copy needs {fmt_bytes(est.total(True))} in all, {fmt_bytes(free)} free"
+    if env.get("MINFERD_FUSED_B") == "1":
+        return make(MatmulPath.FUSED_B, "MINFERD_FUSED_B=1")
+    if requested == MatmulPath.W16:
+        if no_w16:
+            return make(q_path, f"w16 requested but MINFERD_NO_W16CACHE=1; {q_why}")
+        return make(MatmulPath.W16, "requested") if fits else \
+            make(q_path, f"w16 requested but {does_not_fit}; {q_why}")
+    if requested == MatmulPath.MMQ:
+        return make(q_path, "requested" if q_path == MatmulPath.MMQ else f"mmq requested but {q_why[4:]}")
+    if requested == MatmulPath.FUSED_B:
+        return make(MatmulPath.FUSED_B, "requested")
+    if no_w16:
+        return make(q_path, f"MINFERD_NO_W16CACHE=1; {q_why}")
+    if est.matmul_bytes < w16_min_bytes:
+        return make(q_path, f"quantized matmul weights {fmt_bytes(est.matmul_bytes)} are under the "
+                            f"w16 gate of {fmt_bytes(w16_min_bytes)}; {q_why}")
+    if not fits:
+        return make(q_path, f"{does_not_fit}; {q_why}")
+    return make(MatmulPath.W16, f"quantized matmul weights {fmt_bytes(est.matmul_bytes)} reach the w16 gate "
+                                f"and the f16 copy (+{fmt_bytes(est.w16)}) fits")
