@@ -55,6 +55,18 @@ def scratch_bytes(threads: int) -> int:
     return threads * BLOCK_ELEMS * 4
 
 
+def _all_or_nothing(mem, kind: str, shapes, dtype) -> list:
+    made = []
+    try:
+        for shape in shapes:
+            made.append(mem.empty(kind, shape, dtype))
+    except BaseException:
+        for a in made:
+            mem.release(a)
+        raise
+    return made
+
+
 class CpuBackend(Backend):
     name = "cpu"
     kv_dtype = "f32"
@@ -93,13 +105,13 @@ class CpuBackend(Backend):
         return n
 
     def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
-        k = [mem.empty("kv", (n, n_kv_heads, head_dim), np.float32) for n in slots]
-        v = [mem.empty("kv", (n, n_kv_heads, head_dim), np.float32) for n in slots]
-        return KVCache(k, v, tuple(slots), ctx, mem)
+        shapes = [(n, n_kv_heads, head_dim) for n in slots]
+        arrays = _all_or_nothing(mem, "kv", shapes * 2, np.float32)
+        return KVCache(arrays[:len(slots)], arrays[len(slots):], tuple(slots), ctx, mem)
 
     def alloc_scratch(self, mem) -> None:
         """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch)."""
-        bufs = [mem.empty("scratch", (BLOCK_ELEMS,), np.float32) for _ in range(self.threads)]
+        bufs = _all_or_nothing(mem, "scratch", [(BLOCK_ELEMS,)] * self.threads, np.float32)
         self._scratch = queue.SimpleQueue()
         for b in bufs:
             self._scratch.put(b)

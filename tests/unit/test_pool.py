@@ -1,0 +1,229 @@
+"""The pool: planner rules, admission (demote, evict, refuse, rollback), sharing, keep-alive,
+promotion, each asserting byte figures; after every step the ledger equals the allocator and
+the device's own count, within the budget."""
+import pytest
+
+from minferd.backend.cpu import CpuBackend, HostMemory
+from minferd.devices import MatmulPath, cpu_traits, cuda_traits
+from minferd.errors import Conflict, InvalidRequest, NotFound
+from minferd.host import Host, LoadOptions
+from minferd.model.sampler import SamplingParams
+from minferd.pool.budget import parse_budget, resolve_budget
+from minferd.pool.estimator import Estimate
+from minferd.pool.ledger import PoolExhausted
+from minferd.pool.planner import plan
+
+MiB = 1 << 20
+CTX = 256
+# qwen2 tiny q4_k at ctx 256 on one CPU thread, as the estimator computes and the load measures:
+WEIGHTS, W16, KV, SCRATCH = 820224, 2359296, 524288, 1048576
+QUANT_TOTAL, W16_TOTAL = WEIGHTS + KV + SCRATCH, WEIGHTS + W16 + KV + SCRATCH
+
+
+def make_host(capacity, w16_min=0):
+    mem = HostMemory()
+    return Host(lambda: CpuBackend(1, mem), mem, cpu_traits(1), capacity, w16_min_bytes=w16_min)
+
+
+def check(h):
+    held = h.ledger.held()
+    assert held == h.allocator.held_bytes() == h.allocator.device.used_bytes()
+    assert held <= h.ledger.committed() <= h.ledger.capacity
+
+
+def opts(**kw):
+    kw.setdefault("ctx", CTX)
+    return LoadOptions(**kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(synth_model):
+    return str(synth_model("qwen2", "q4_k"))
+
+
+@pytest.fixture(scope="module")
+def tiny2(synth_model):
+    return str(synth_model("llama", "q4_k"))
+
+
+# ---- budget ----------------------------------------------------------------------------------
+def test_parse_budget():
+    assert parse_budget("40GiB").nbytes == 40 << 30
+    assert parse_budget("512MB").nbytes == 512_000_000
+    assert parse_budget("1073741824").nbytes == 1 << 30
+    assert parse_budget("0.9").fraction == 0.9
+    for bad in ("", "-1GiB", "0", "lots", "12 parsecs"):
+        with pytest.raises(InvalidRequest, match="budget"):
+            parse_budget(bad)
+
+
+def test_resolve_budget():
+    b = resolve_budget("cuda:0", parse_budget("0.5"), total=100 << 30, others=10 << 30, headroom=1 << 30)
+    assert b.capacity == (50 << 30) - (1 << 30)
+    b = resolve_budget("cuda:0", parse_budget("95GiB"), total=100 << 30, others=10 << 30, headroom=1 << 30)
+    assert b.capacity == (89 << 30)  # never more than other processes leave
+    with pytest.raises(InvalidRequest, match="leaves nothing"):
+        resolve_budget("cuda:0", parse_budget("0.9"), total=10 << 30, others=10 << 30)
+
+
+# ---- planner rules ---------------------------------------------------------------------------
+def est(matmul_bytes=3 << 30, types=("Q4_K", "Q6_K")):
+    return Estimate(weights=4 << 30, w16=12 << 30, kv=1 << 30, scratch=256 * MiB, matmul_bytes=matmul_bytes,
+                    matmul_types=frozenset(types), ctx=4096)
+
+
+BIG = 40 << 30
+
+
+@pytest.mark.parametrize("env, requested, free, path, words", [
+    ({}, None, BIG, "w16", ["reach the w16 gate"]),
+    ({}, None, 10 << 30, "mmq", ["needs", "free", "mmq covers"]),
+    ({}, MatmulPath.W16, BIG, "w16", ["requested"]),
+    ({}, MatmulPath.W16, 10 << 30, "mmq", ["w16 requested but", "free"]),
+    ({}, MatmulPath.FUSED_B, BIG, "fused_b", ["requested"]),
+    ({}, MatmulPath.MMQ, BIG, "mmq", ["requested"]),
+    ({"MINFERD_NO_W16CACHE": "1"}, None, BIG, "mmq", ["MINFERD_NO_W16CACHE=1"]),
+    ({"MINFERD_NO_W16CACHE": "1"}, MatmulPath.W16, BIG, "mmq", ["MINFERD_NO_W16CACHE=1"]),
+    ({"MINFERD_FUSED_B": "1"}, MatmulPath.W16, BIG, "fused_b", ["MINFERD_FUSED_B=1"]),
+])
+def test_planner_rules(env, requested, free, path, words):
+    p = plan(est(), cuda_traits(), free, requested, env=env)
+    assert p.matmul_path.value == path
+    for w in words:
+        assert w in p.reason
+    assert p.bytes == {"weights": 4 << 30, "w16": (12 << 30) if path == "w16" else 0, "kv": 1 << 30,
+                       "scratch": 256 * MiB}
+
+
+def test_planner_gate_and_coverage():
+    p = plan(est(matmul_bytes=(2 << 30) - 1), cuda_traits(), BIG, env={})
+    assert p.matmul_path == MatmulPath.MMQ and "under the w16 gate of 2.00 GiB" in p.reason
+    p = plan(est(types=("Q4_K", "F16")), cuda_traits(), 10 << 30, env={})
+    assert p.matmul_path == MatmulPath.FUSED_B and "no kernel for F16" in p.reason
+    p = plan(est(types=("BF16",)), cuda_traits(), BIG, MatmulPath.MMQ, env={})
+    assert p.matmul_path == MatmulPath.FUSED_B and "mmq requested but" in p.reason
+    assert plan(est(types=("F16",)), cpu_traits(1), 10 << 30, env={}).matmul_path == MatmulPath.MMQ
+
+
+# ---- load, estimate, unload -------------------------------------------------------------------
+def test_load_measures_the_estimate_and_unload_returns_every_byte(tiny):
+    h = make_host(64 * MiB)
+    lm = h.load("a", tiny, opts(matmul_path=MatmulPath.W16))
+    assert h.model_bytes(lm) == {"weights": WEIGHTS, "w16": W16, "kv": KV, "scratch": SCRATCH}
+    assert lm.ws.plan.bytes == h.model_bytes(lm)
+    check(h)
+    assert h.unload("a") == W16_TOTAL
+    assert h.ledger.held() == h.ledger.committed() == 0
+    check(h)
+
+
+def test_errors_name_the_problem(tiny, tiny2):
+    h = make_host(64 * MiB)
+    h.load("a", tiny, opts())
+    assert h.load("a", tiny, opts()) is h.models["a"]  # idempotent
+    with pytest.raises(Conflict, match="in use"):
+        h.load("a", tiny2, opts())
+    with pytest.raises(NotFound, match="no model named 'zz'"):
+        h.unload("zz")
+    with pytest.raises(InvalidRequest, match="ctx 99999"):
+        h.load("b", tiny, opts(ctx=99999))
+    check(h)
+
+
+def test_shared_file_shares_weights(tiny):
+    h = make_host(64 * MiB)
+    a = h.load("a", tiny, opts())
+    b = h.load("b", tiny, opts(ctx=128))
+    assert a.ws is b.ws
+    assert a.ws.plan.matmul_path == MatmulPath.W16
+    assert h.ledger.held() == W16_TOTAL + KV // 2 + SCRATCH  # one weight set, two KV caches
+    check(h)
+    assert h.unload("a") == KV + SCRATCH  # b still uses the weights
+    assert h.models["b"].ws.weights["token_embd.weight"].data is not None
+    assert h.unload("b") == WEIGHTS + W16 + KV // 2 + SCRATCH
+    assert h.ledger.held() == 0
+    check(h)
+
+
+# ---- admission ------------------------------------------------------------------------------
+def test_demote_makes_room_and_the_model_keeps_serving(tiny, tiny2):
+    h = make_host(W16_TOTAL + QUANT_TOTAL // 2)
+    a = h.load("a", tiny, opts())
+    assert a.ws.plan.matmul_path == MatmulPath.W16
+    ids, greedy = [300, 301, 302], SamplingParams(temperature=0, max_tokens=6)
+    before = h.generate("a", ids, greedy).token_ids
+    h.load("b", tiny2, opts(matmul_path=MatmulPath.MMQ))  # fits only in a's f16 copy
+    assert "demoted a" in h.events and h.ledger.by_kind(a.ws.tag)["w16"] == 0
+    assert h.ledger.held() == QUANT_TOTAL + h.ledger.held("b") + h.ledger.held(h.models["b"].ws.tag)
+    assert h.generate("a", ids, greedy).token_ids == before  # same tokens from the quantized path
+    check(h)
+
+
+def test_evict_idle_expired(tiny, tiny2):
+    h = make_host(QUANT_TOTAL + MiB)
+    h.load("a", tiny, opts(keep_alive=0.0))
+    h.models["a"].last_used -= 1
+    h.load("b", tiny2, opts())
+    assert "a" not in h.models and "unloaded a" in h.events
+    check(h)
+
+
+@pytest.mark.parametrize("why", ["pinned", "not expired", "busy"])
+def test_refuse_touches_nothing(tiny, tiny2, why):
+    h = make_host(W16_TOTAL + MiB)
+    a = h.load("a", tiny, opts(pinned=why == "pinned", keep_alive=300.0 if why == "not expired" else 0.0))
+    a.last_used -= 1
+    if why == "busy":
+        a.busy = 1
+    held, committed = h.ledger.held(), h.ledger.committed()
+    with pytest.raises(PoolExhausted) as e:
+        h.load("b", tiny2, opts(matmul_path=MatmulPath.MMQ, ctx=2048))
+    err = e.value
+    assert err.needed > err.free and err.free == h.ledger.free()
+    assert err.freeable == (0 if why != "not expired" else W16)  # the only way out: a's f16 copy
+    assert "needs" in str(err) and "free" in str(err)
+    assert (h.ledger.held(), h.ledger.committed()) == (held, committed)
+    assert a.ws.w16_bytes() == (W16 if why != "not expired" else W16)
+    check(h)
+
+
+def test_every_allocation_failure_rolls_back(tiny, tiny2):
+    h = make_host(64 * MiB)
+    h.load("a", tiny, opts())
+    before = (h.ledger.held(), h.ledger.committed(), dict(h.ledger.by_kind("a")))
+    n = 0
+    while True:
+        h.allocator.fail_at = n
+        try:
+            h.load("b", tiny2, opts(matmul_path=MatmulPath.W16))
+        except PoolExhausted as e:
+            assert "injected" in str(e)
+        else:
+            break
+        # Checked outside the except block: its traceback keeps the failed load's frames alive.
+        assert (h.ledger.held(), h.ledger.committed(), h.ledger.by_kind("a")) == before
+        assert "b" not in h.models and len(h.weight_sets) == 1
+        check(h)
+        n += 1
+    assert n > 30  # weights, f16 copies, KV layers and scratch were each made to fail
+    check(h)
+
+
+def test_keep_alive_zero_unloads_after_the_request(tiny):
+    h = make_host(64 * MiB)
+    h.load("a", tiny, opts(keep_alive=0.0))
+    h.generate("a", [300], SamplingParams(temperature=0, max_tokens=2))
+    assert "a" not in h.models and h.ledger.held() == 0
+
+
+def test_reap_respects_pin_and_keep_alive(tiny, tiny2, synth_model):
+    h = make_host(64 * MiB)
+    h.load("pinned", tiny, opts(pinned=True, keep_alive=0.0))
+    h.load("fresh", tiny2, opts(keep_alive=300.0))
+    h.load("forever", str(synth_model("qwen3", "q4_k")), opts(keep_alive=-1.0))
+    h.load("stale", str(synth_model("gemma3", "q4_k")), opts(keep_alive=60.0))
+    for lm in h.models.values():
+        lm.last_used -= 100
+    assert h.reap() == ["stale"]
+    assert sorted(h.models) == ["forever", "fresh", "pinned"]
+    check(h)
