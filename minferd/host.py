@@ -134,7 +134,9 @@ class Host:
             else:
                 p = plan(est, self.traits, self.ledger.free(), opts.matmul_path, self.w16_min_bytes)
             what = f"loading {name} ({mf.path.name}, {p.matmul_path.value})"
-            self.events += manager.make_room(self.ledger, p.total, self._tenants(), what)
+            # The models whose weights this load will share must not be evicted to make room for it.
+            others = [t for t in self._tenants() if ws is None or t.ws is not ws]
+            self.events += manager.make_room(self.ledger, p.total, others, what)
             return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
 
     def _load_reserved(self, name, mf, key, ws, p: Plan, est, opts, ctx, progress) -> LoadedModel:

@@ -138,9 +138,9 @@ def _deq_q4_1(raw, out):
 
 
 def _q5(raw, bb, qh_off):
-    # qh is a little-endian u32 at an offset that is not 4-aligned in Q5_0's 22-byte
-    # blocks: never load it as one. Bit j (the 5th bit of element j) is bit j%8 of byte
-    # j//8, exactly what unpackbits(bitorder="little") yields, in element order.
+    # qh is a little-endian u32, but at byte 22*i + 2 of a Q5_0 tensor: 2 mod 4 on every
+    # even block, so never load it as one. Bit j (the 5th bit of element j) is bit j%8 of
+    # byte j//8, exactly what unpackbits(bitorder="little") yields, in element order.
     q = _unpack(_bytes(raw, bb, qh_off + 4, 16), 4, 16)
     hb = np.unpackbits(_bytes(raw, bb, qh_off, 4).reshape(-1), bitorder="little")
     hb *= 16  # not <<= 4: uint8 shifts are NumPy's slow path

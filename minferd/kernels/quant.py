@@ -81,12 +81,14 @@ def by_name(name: str) -> QuantType:
     try:
         return TYPES[name.upper()]
     except KeyError:
-        raise UnsupportedType(f"unsupported tensor type {name!r}; supported: {', '.join(SUPPORTED_NAMES)}") from None
+        raise UnsupportedType(f"unsupported tensor type {name!r}; "
+                              f"supported: {', '.join(SUPPORTED_NAMES)}") from None
 
 
 def row_bytes(qt: QuantType, n_elems: int) -> int:
     if n_elems < 0 or n_elems % qt.block_elems:
-        raise ValueError(f"{qt.name}: row of {n_elems} elements is not a multiple of the {qt.block_elems}-element block")
+        raise ValueError(f"{qt.name}: row of {n_elems} elements is not a multiple of "
+                         f"the {qt.block_elems}-element block")
     return n_elems // qt.block_elems * qt.block_bytes
 
 

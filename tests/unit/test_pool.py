@@ -227,3 +227,48 @@ def test_reap_respects_pin_and_keep_alive(tiny, tiny2, synth_model):
     assert h.reap() == ["stale"]
     assert sorted(h.models) == ["forever", "fresh", "pinned"]
     check(h)
+
+
+def test_sharing_load_never_evicts_the_weights_it_shares(tiny):
+    """Found by the soak: making room for a second model of the same file must not unload the
+    first one, whose weights the second is about to use."""
+    h = make_host(QUANT_TOTAL + KV // 2)  # room for one model, not two KV caches
+    a = h.load("a", tiny, opts(keep_alive=0.0, matmul_path=MatmulPath.MMQ))
+    a.last_used -= 1
+    with pytest.raises(PoolExhausted):
+        h.load("b", tiny, opts())
+    assert "a" in h.models and a.ws.weights["token_embd.weight"].data is not None
+    check(h)
+
+
+def test_estimate_matches_measurement_for_presets(tmp_path):
+    """Every synth preset (cut to two layers, six for Gemma's pattern; real shapes otherwise):
+    the header-only estimate is within 2% of what the load measures, by kind."""
+    from minferd.model.loader import open_model_file
+    from minferd.model.synth import PRESETS, write_model
+    from minferd.pool.estimator import estimate
+    h = make_host(8 << 30)
+    for (arch, preset) in PRESETS:
+        layers = 6 if arch == "gemma3" else 2
+        path = tmp_path / f"{arch}-{preset}.gguf"
+        write_model(path, arch, preset, "q4_k_m", random_blocks_=True, overrides={"layers": layers})
+        e = estimate(open_model_file(path), h.traits, 1024).by_kind(False)
+        lm = h.load(f"{arch}-{preset}", str(path), opts(ctx=1024, matmul_path=MatmulPath.MMQ))
+        measured = h.model_bytes(lm)
+        for kind in e:
+            assert abs(e[kind] - measured[kind]) <= 0.02 * max(measured[kind], 1), (arch, preset, kind)
+        h.unload(lm.name)
+        path.unlink()
+    check(h)
+
+
+def test_estimate_matches_measurement_for_real_gemma(gemma_path):
+    from minferd.model.loader import open_model_file
+    from minferd.pool.estimator import estimate
+    h = make_host(2 << 30, w16_min=2 << 30)
+    e = estimate(open_model_file(gemma_path), h.traits, 2048).by_kind(False)
+    lm = h.load("gemma", gemma_path, opts(ctx=2048))
+    assert lm.ws.plan.matmul_path == MatmulPath.MMQ  # 0.2 GiB of matmul weights: under the gate
+    measured = h.model_bytes(lm)
+    assert all(abs(e[k] - measured[k]) <= 0.02 * max(measured[k], 1) for k in e), (e, measured)
+    assert h.unload("gemma") == sum(measured.values())
