@@ -1,4 +1,4 @@
-"""`minferd`: the daemon's command line (synth, run, score; serve and plan join later).
+"""`minferd`: the daemon's command line (synth, run, score, plan; serve joins later).
 
 Every known failure prints one line naming the file and the problem on stderr and exits 2;
 a traceback means a bug.
@@ -107,6 +107,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--random-blocks", action="store_true", help="random quantized blocks (fast, for perf files)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_synth)
+
+    p = sub.add_parser("plan", help="dry run: the estimate by kind, the plan and whether it fits")
+    p.add_argument("model")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--ctx", type=int, default=None)
+    p.add_argument("--budget", default=None, help="bytes (80GiB) or a fraction of the device (0.9)")
+    p.add_argument("--matmul-path", default="auto", choices=["auto", "w16", "mmq", "fused_b"])
+    p.add_argument("--w16-min-bytes", type=int, default=2 << 30, help="the W16 size gate (default 2 GiB)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=lambda a: __import__("minferd.plan_cmd", fromlist=["cmd_plan"]).cmd_plan(a))
 
     p = sub.add_parser("run", help="load a model in-process on the CPU and generate")
     _add_prompt_args(p)

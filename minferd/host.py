@@ -94,6 +94,7 @@ class LoadedModel:
         return self.host.demote(self.name)
 
     def unload(self) -> int:
+        self.host.events.append(f"evicted {self.name}")
         return self.host.unload(self.name)
 
 
@@ -136,7 +137,7 @@ class Host:
             what = f"loading {name} ({mf.path.name}, {p.matmul_path.value})"
             # The models whose weights this load will share must not be evicted to make room for it.
             others = [t for t in self._tenants() if ws is None or t.ws is not ws]
-            self.events += manager.make_room(self.ledger, p.total, others, what)
+            manager.make_room(self.ledger, p.total, others, what)
             return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
 
     def _load_reserved(self, name, mf, key, ws, p: Plan, est, opts, ctx, progress) -> LoadedModel:
@@ -294,6 +295,7 @@ class Host:
         now = time.monotonic() if now is None else now
         gone = [t.name for t in manager.evictable(self._tenants(), now)]
         for name in gone:
+            self.events.append(f"expired {name}")
             self.unload(name)
         return gone
 

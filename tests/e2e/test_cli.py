@@ -91,3 +91,24 @@ def test_errors_are_one_line(synth_model, tmp_path, args, words):
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     for w in words:
         assert subs.get(w, w) in lines[0]
+
+
+def test_plan_real_gemma(gemma_path):
+    out = minferd("plan", "gemma3-270m", "--ctx", "2048").stdout
+    assert "plan: mmq" in out and "under the w16 gate" in out
+    for kind in ("weights", "w16", "kv", "scratch", "total"):
+        assert kind in out
+    res = json.loads(minferd("plan", gemma_path, "--device", "cuda", "--budget", "80GiB", "--json").stdout)
+    assert res["fits"] and res["plan"]["matmul_path"] == "mmq" and res["budget_bytes"] == 80 << 30
+    assert set(res["bytes"]) == {"weights", "w16", "kv", "scratch"} and res["bytes"]["w16"] == 0
+    forced = json.loads(minferd("plan", gemma_path, "--device", "cuda", "--budget", "80GiB", "--matmul-path", "w16",
+                                "--json").stdout)
+    assert forced["plan"]["matmul_path"] == "w16" and forced["bytes"]["w16"] == 2 * 100270080
+
+
+def test_plan_that_does_not_fit_exits_nonzero(synth_model):
+    p = minferd("plan", synth_model("qwen2", "q4_k"), "--budget", "1MiB", "--json", check=False)
+    assert p.returncode == 1
+    res = json.loads(p.stdout)
+    assert not res["fits"] and res["total_bytes"] > res["budget_bytes"] == 1 << 20
+    assert "does not fit" in p.stderr and "short" in p.stderr

@@ -164,7 +164,7 @@ def test_evict_idle_expired(tiny, tiny2):
     h.load("a", tiny, opts(keep_alive=0.0))
     h.models["a"].last_used -= 1
     h.load("b", tiny2, opts())
-    assert "a" not in h.models and "unloaded a" in h.events
+    assert "a" not in h.models and "evicted a" in h.events
     check(h)
 
 
