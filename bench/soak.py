@@ -82,12 +82,15 @@ def run(n_ops: int = 1000, seed: int = 0, over: float = 1.7, folder: Path | None
             elif op == "unload":
                 h.unload(name)
             elif op == "generate":
-                stop_after = int(rng.integers(1, 6))
-                seen = []
-                h.generate(name, rng.integers(300, 900, int(rng.integers(1, 16))).tolist(),
-                           SamplingParams(temperature=0.8, seed=int(rng.integers(1 << 30)), max_tokens=8),
-                           on_piece=lambda tok, piece: seen.append(tok),
-                           should_stop=lambda: rng.random() < 0.3 and len(seen) >= stop_after)
+                # Some clients walk away mid-stream: closing the stream cancels the request.
+                walk_away = int(rng.integers(1, 6)) if rng.random() < 0.3 else None
+                events = h.stream(name, rng.integers(300, 900, int(rng.integers(1, 16))).tolist(),
+                                  SamplingParams(temperature=0.8, seed=int(rng.integers(1 << 30)), max_tokens=8))
+                for i, _ in enumerate(events):
+                    if walk_away is not None and i + 1 >= walk_away:
+                        counts["cancelled"] += 1
+                        break
+                events.close()
             elif op == "pin":
                 h.set_pinned(name, bool(rng.random() < 0.5))
             elif op == "expire":

@@ -1,7 +1,8 @@
 """The models that are loaded: load / unload / generate, and the pool's decisions carried out.
 
-State is owned here, under one lock for the model table; each model has its own lock for
-requests, so requests to different models run in parallel and requests to one model queue.
+State is owned here, under one lock for the model table. Each model has its own worker thread
+(minferd/worker.py): its requests queue there, different models run in parallel, and anything
+that touches a model's buffers (demote, promote) runs on that worker, between requests.
 Memory is the pool's: every buffer comes from the allocator tagged (owner, kind), where the
 owner of weights and f16 copies is the file's weight set (shared by every model loaded from
 the same file) and the owner of the KV cache and scratch is the model itself.
@@ -9,21 +10,23 @@ the same file) and the owner of the KV cache and scratch is the model itself.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minferd.devices import DeviceTraits, MatmulPath
 from minferd.errors import Conflict, InvalidRequest, NotFound
-from minferd.model.arch.llama import MATMUL
+from minferd.loaded import LoadedModel, WeightSet
 from minferd.model.generate import GenerationResult, generate
-from minferd.model.loader import ModelFile, build_model, open_model_file, upload_weights
+from minferd.model.loader import build_model, open_model_file, upload_weights
 from minferd.model.sampler import SamplingParams
 from minferd.pool import manager
 from minferd.pool.allocator import Allocator
 from minferd.pool.estimator import estimate
 from minferd.pool.ledger import Ledger
 from minferd.pool.planner import W16_MIN_BYTES, Plan, plan
+from minferd.worker import Job
 
 DEFAULT_CTX = 4096
 DEFAULT_KEEP_ALIVE = 300.0  # seconds; 0 unloads when idle, negative keeps forever
@@ -37,67 +40,6 @@ class LoadOptions:
     keep_alive: float = DEFAULT_KEEP_ALIVE
 
 
-@dataclass(eq=False)
-class WeightSet:
-    """One file's tensors on the device, shared (refcounted) by every model loaded from it."""
-
-    key: tuple
-    tag: str
-    file: ModelFile
-    weights: dict
-    tokenizer: object
-    plan: Plan
-    users: list = field(default_factory=list)
-    demoted: bool = False  # planned W16 but its f16 copy was given back under pressure
-
-    def w16_bytes(self) -> int:
-        return sum(w.w16.nbytes for w in self.weights.values() if w.w16 is not None)
-
-    def matmul_weights(self):
-        return [self.weights[n] for n, (_, role) in self.file.tensors.items() if role == MATMUL]
-
-
-@dataclass(eq=False)
-class LoadedModel:
-    name: str
-    ws: WeightSet
-    model: object
-    cache: object
-    ctx: int
-    pinned: bool
-    keep_alive: float
-    host: "Host"
-    last_used: float = field(default_factory=time.monotonic)
-    loaded_at: float = field(default_factory=time.time)
-    busy: int = 0
-    requests: int = 0
-    tokens: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    # ---- the pool's view (manager.Tenant) -----------------------------------------------------
-    def idle(self) -> bool:
-        return self.busy == 0 and all(u.busy == 0 for u in self.ws.users)
-
-    def expired(self, now: float) -> bool:
-        return self.keep_alive >= 0 and now - self.last_used >= self.keep_alive
-
-    def w16_bytes(self) -> int:
-        # A shared weight set is demoted once, through its first user.
-        return self.ws.w16_bytes() if self.ws.users and self.ws.users[0] is self else 0
-
-    def footprint(self) -> int:
-        ledger = self.host.ledger
-        own = ledger.held(self.name)
-        return own + (ledger.held(self.ws.tag) if self.ws.users == [self] else 0)
-
-    def demote(self) -> int:
-        return self.host.demote(self.name)
-
-    def unload(self) -> int:
-        self.host.events.append(f"evicted {self.name}")
-        return self.host.unload(self.name)
-
-
 class Host:
     def __init__(self, backend_factory, device_memory, traits: DeviceTraits, capacity: int,
                  w16_min_bytes: int = W16_MIN_BYTES, device: str = "cpu"):
@@ -109,7 +51,8 @@ class Host:
         self.models: dict[str, LoadedModel] = {}
         self.weight_sets: dict[tuple, WeightSet] = {}
         self.lock = threading.RLock()
-        self.events: list[str] = []  # demotions, evictions, promotions, refusals: for status and tests
+        self.events: list[str] = []  # demotions, evictions, expiries, promotions: for status and tests
+        self.promote_in_background = False  # the daemon sets it: an unload then returns at once
 
     # ---- load / unload ---------------------------------------------------------------------
     def load(self, name: str, path: str, opts: LoadOptions | None = None, progress=None) -> LoadedModel:
@@ -189,22 +132,25 @@ class Host:
         with self.lock:
             lm = self.get(name)
             before = self.ledger.held()
-            with lm.lock:
-                del self.models[name]
-                be = lm.model.be
-                be.free(lm.cache)
-                if hasattr(be, "free_scratch"):
-                    be.free_scratch(self.allocator.for_model(name))
-                self.ledger.unreserve(name)
-                ws = lm.ws
-                ws.users.remove(lm)
-                if not ws.users:
-                    be.free(*ws.weights.values())
-                    self.ledger.unreserve(ws.tag)
-                    del self.weight_sets[ws.key]
+            del self.models[name]
+            lm.worker.stop()  # the running request finishes, queued ones are refused
+            be = lm.model.be
+            be.free(lm.cache)
+            if hasattr(be, "free_scratch"):
+                be.free_scratch(self.allocator.for_model(name))
+            self.ledger.unreserve(name)
+            ws = lm.ws
+            ws.users.remove(lm)
+            if not ws.users:
+                be.free(*ws.weights.values())
+                self.ledger.unreserve(ws.tag)
+                del self.weight_sets[ws.key]
             freed = before - self.ledger.held()
+        if self.promote_in_background:
+            threading.Thread(target=self.promote_waiting, name="minferd-promote", daemon=True).start()
+        else:
             self.promote_waiting()
-            return freed
+        return freed
 
     def unload_all(self) -> None:
         for name in list(self.models):
@@ -214,10 +160,12 @@ class Host:
     def demote(self, name: str) -> int:
         """Give back a model's f16 copy; it keeps serving through its quantized path."""
         with self.lock:
-            ws = self.get(name).ws
+            lm = self.get(name)
+            ws = lm.ws
             if not ws.w16_bytes():
                 return 0
-            freed = sum(ws.users[0].model.be.drop_w16(w) for w in ws.matmul_weights())
+            # On the model's worker: a request in flight may be reading the f16 copy.
+            freed = lm.worker.call(lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
             self.ledger.unreserve(ws.tag, freed)
             ws.demoted = True
             self.events.append(f"demoted {name}")
@@ -235,12 +183,19 @@ class Host:
                 return 0
             self.ledger.reserve(ws.tag, need, f"promoting {name}")
             be = lm.model.be
+
+            def build(job):
+                try:
+                    for w in ws.matmul_weights():
+                        be.make_w16(w)
+                except BaseException:
+                    for w in ws.matmul_weights():
+                        be.drop_w16(w)
+                    raise
+
             try:
-                for w in ws.matmul_weights():
-                    be.make_w16(w)
+                lm.worker.call(build)
             except BaseException:
-                for w in ws.matmul_weights():
-                    be.drop_w16(w)
                 self.ledger.unreserve(ws.tag, need)
                 raise
             ws.demoted = False
@@ -257,25 +212,53 @@ class Host:
                     done.append(lm.name)
         return done
 
-    # ---- requests --------------------------------------------------------------------------
-    def generate(self, name: str, prompt_ids, params: SamplingParams, on_piece=None,
-                 should_stop=None) -> GenerationResult:
+    # ---- requests ----------------------------------------------------------------------------
+    def generate(self, name: str, prompt_ids, params: SamplingParams, on_piece=None) -> GenerationResult:
+        """Generate and wait (on_piece(token_id, text) sees each piece as it is made)."""
+        result = None
+        for kind, a, b in self.stream(name, prompt_ids, params):
+            if kind == "piece" and on_piece:
+                on_piece(a, b)
+            elif kind == "done":
+                result = a
+        return result
+
+    def stream(self, name: str, prompt_ids, params: SamplingParams, prompt_text: str | None = None):
+        """Queue a generation on the model's worker and yield ("piece", token_id, text) as tokens
+        come, then ("done", GenerationResult, None). Closing the iterator early (a client that
+        went away) cancels the request: a queued one never runs, a running one stops."""
         lm = self.get(name)
-        with lm.lock:
-            if self.models.get(name) is not lm:
-                raise NotFound(f"model {name!r} was unloaded")
-            lm.busy += 1
-            try:
-                res = generate(lm.model, lm.ws.tokenizer, prompt_ids, params, lm.ctx, on_piece,
-                               should_stop, cache=lm.cache)
-            finally:
-                lm.busy -= 1
-                lm.last_used = time.monotonic()
+        if prompt_text is not None:
+            prompt_ids = lm.ws.tokenizer.encode(prompt_text)
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run(job: Job):
+            res = generate(lm.model, lm.ws.tokenizer, prompt_ids, params, lm.ctx,
+                           lambda tok, piece: events.put(("piece", tok, piece)), job.cancelled.is_set,
+                           cache=lm.cache)
             lm.requests += 1
             lm.tokens += len(res.token_ids)
-        if lm.keep_alive == 0:
-            self.unload(name)
-        return res
+            return res
+
+        job = lm.worker.submit(run)
+        job.on_done = lambda: events.put(("end", None, None))
+        try:
+            while True:
+                kind, a, b = events.get()
+                if kind == "end":
+                    break
+                yield kind, a, b
+            result = job.wait()
+            if result is not None:
+                yield "done", result, None
+        finally:
+            job.cancel()
+            lm.last_used = time.monotonic()
+            if lm.keep_alive == 0 and not lm.busy and self.models.get(name) is lm:
+                try:
+                    self.unload(name)
+                except NotFound:
+                    pass  # someone else unloaded it first
 
     def get(self, name: str) -> LoadedModel:
         lm = self.models.get(name)
@@ -303,6 +286,31 @@ class Host:
         return list(self.models.values())
 
     # ---- accounting ------------------------------------------------------------------------
+    def status(self) -> dict:
+        with self.lock:
+            led = self.ledger
+            pool = {"device": self.device, "capacity_bytes": led.capacity, "used_bytes": led.held(),
+                    "reserved_bytes": led.committed() - led.held(), "free_bytes": led.free(),
+                    "w16_min_bytes": self.w16_min_bytes}
+            return {"pool": pool, "models": [self.model_info(lm) for lm in self.models.values()],
+                    "events": list(self.events[-50:])}
+
+    def model_info(self, lm: LoadedModel) -> dict:
+        ws, now = lm.ws, time.monotonic()
+        path = ws.current_path(self.traits)
+        reason = ws.plan.reason if path == ws.plan.matmul_path else \
+            f"demoted to {path.value} under memory pressure (planned w16: {ws.plan.reason})"
+        mix: dict[str, int] = {}
+        for t, _ in ws.file.tensors.values():
+            mix[t.qtype.name] = mix.get(t.qtype.name, 0) + 1
+        left = -1.0 if lm.keep_alive < 0 else max(lm.keep_alive - (now - lm.last_used), 0.0)
+        return {"name": lm.name, "path": str(ws.file.path), "architecture": ws.file.spec.arch, "type_mix": mix,
+                "matmul_path": path.value, "planned_matmul_path": ws.plan.matmul_path.value, "reason": reason,
+                "bytes": self.model_bytes(lm), "ctx": lm.ctx, "pinned": lm.pinned, "keep_alive_seconds": lm.keep_alive,
+                "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
+                "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
+                "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy}
+
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         own, shared = self.ledger.by_kind(lm.name), self.ledger.by_kind(lm.ws.tag)
         return {"weights": shared["weights"], "w16": shared["w16"], "kv": own["kv"], "scratch": own["scratch"]}

@@ -1,6 +1,8 @@
 """The pool: planner rules, admission (demote, evict, refuse, rollback), sharing, keep-alive,
 promotion, each asserting byte figures; after every step the ledger equals the allocator and
 the device's own count, within the budget."""
+import threading
+
 import pytest
 
 from minferd.backend.cpu import CpuBackend, HostMemory
@@ -173,8 +175,9 @@ def test_refuse_touches_nothing(tiny, tiny2, why):
     h = make_host(W16_TOTAL + MiB)
     a = h.load("a", tiny, opts(pinned=why == "pinned", keep_alive=300.0 if why == "not expired" else 0.0))
     a.last_used -= 1
+    release = threading.Event()
     if why == "busy":
-        a.busy = 1
+        a.worker.submit(lambda job: release.wait())  # a request in flight
     held, committed = h.ledger.held(), h.ledger.committed()
     with pytest.raises(PoolExhausted) as e:
         h.load("b", tiny2, opts(matmul_path=MatmulPath.MMQ, ctx=2048))
@@ -183,7 +186,8 @@ def test_refuse_touches_nothing(tiny, tiny2, why):
     assert err.freeable == (0 if why != "not expired" else W16)  # the only way out: a's f16 copy
     assert "needs" in str(err) and "free" in str(err)
     assert (h.ledger.held(), h.ledger.committed()) == (held, committed)
-    assert a.ws.w16_bytes() == (W16 if why != "not expired" else W16)
+    assert a.ws.w16_bytes() == W16
+    release.set()
     check(h)
 
 

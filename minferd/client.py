@@ -1,0 +1,166 @@
+"""A minferd connection that speaks plain Python (dicts, lists, str): minferctl and the pytest plugin use it.
+
+Light on purpose: grpc and the generated stubs, imported when a Client is made, so that
+`minferctl --help` starts in a blink; never numpy, CuPy or the model code.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+KINDS = ("weights", "w16", "kv", "scratch")
+PATHS = {"auto": 0, "w16": 1, "mmq": 2, "fused_b": 3}  # MatmulPath enum values
+
+
+def default_address() -> str:
+    # Must agree with `minferd serve`'s default, so both find each other with no flags.
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    path = os.path.join(run, "minferd.sock") if run else os.path.join(tempfile.gettempdir(), f"minferd-{os.getuid()}.sock")
+    return "unix://" + path
+
+
+def normalize_address(address: str | None) -> str:
+    address = address or os.environ.get("MINFERD_ADDRESS") or default_address()
+    return "unix://" + address if address.startswith("/") else address  # a bare socket path is obvious
+
+
+# ---- proto -> plain Python values (what --json prints and what tests compare) ----------------
+def model_dict(m) -> dict:
+    return {"name": m.name, "path": m.path, "architecture": m.architecture, "type_mix": dict(m.type_mix),
+            "matmul_path": m.matmul_path, "planned_matmul_path": m.planned_matmul_path, "reason": m.reason,
+            "bytes": {k: getattr(m.bytes, k) for k in KINDS}, "ctx": m.ctx, "pinned": m.pinned,
+            "keep_alive_seconds": m.keep_alive_seconds, "keep_alive_left_seconds": m.keep_alive_left_seconds,
+            "last_used_unix": m.last_used_unix, "loaded_unix": m.loaded_unix, "requests": m.requests,
+            "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy}
+
+
+def status_dict(s) -> dict:
+    p = s.pool
+    pool = {k: getattr(p, k) for k in ("device", "capacity_bytes", "used_bytes", "reserved_bytes",
+                                       "free_bytes", "total_bytes", "w16_min_bytes")}
+    return {"pool": pool, "models": [model_dict(m) for m in s.models], "events": list(s.events)}
+
+
+class Client:
+    """A minferd connection that speaks plain Python: dicts, lists, str. Errors are grpc.RpcError."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, timeout: float | None = None,
+                 ca_cert: str | None = None, tls: bool = False):
+        import grpc
+        from minferd._proto import pb2, pb2_grpc
+        self.grpc, self.pb = grpc, pb2
+        self.address = normalize_address(address)
+        token = token if token is not None else os.environ.get("MINFERD_TOKEN")
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout = timeout  # None: unary calls get 60 s, streams run as long as they need
+        if ca_cert or tls:
+            roots = open(ca_cert, "rb").read() if ca_cert else None
+            self.channel = grpc.secure_channel(self.address, grpc.ssl_channel_credentials(roots))
+        else:
+            self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb2_grpc.MinferdStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _unary(self, method, request):
+        return method(request, timeout=self.timeout or 60.0, metadata=self.metadata)
+
+    def _stream(self, method, request, on_event):
+        call = method(request, timeout=self.timeout, metadata=self.metadata)
+        last = None
+        try:
+            for last in call:
+                on_event(last)
+        except BaseException:
+            call.cancel()  # Ctrl-C or a failing callback: the daemon frees the slot at once
+            raise
+        return last
+
+    def status(self) -> dict:
+        return status_dict(self._unary(self.stub.GetStatus, self.pb.GetStatusRequest()))
+
+    def models(self) -> list[dict]:
+        return [model_dict(m) for m in self._unary(self.stub.ListModels, self.pb.ListModelsRequest()).models]
+
+    def load(self, path: str, name: str = "", ctx: int = 0, matmul_path: str = "auto", pinned: bool = False,
+             keep_alive: float | None = None, on_progress=None) -> dict:
+        """on_progress(phase, bytes_done, bytes_total); returns the loaded model."""
+        req = self.pb.LoadModelRequest(name=name or "", path=str(path), ctx=ctx or 0, pinned=pinned,
+                                       matmul_path=PATHS[matmul_path])
+        if keep_alive is not None:
+            req.keep_alive_seconds = keep_alive
+        last = self._stream(self.stub.LoadModel, req,
+                            lambda e: on_progress and on_progress(e.phase, e.bytes_done, e.bytes_total))
+        return model_dict(last.model)
+
+    def unload(self, name: str) -> int:
+        return self._unary(self.stub.UnloadModel, self.pb.UnloadModelRequest(name=name)).freed_bytes
+
+    def sampling(self, **kw):
+        kw = {k: v for k, v in kw.items() if v is not None}
+        return self.pb.SamplingParams(**kw)
+
+    def generate(self, model: str, prompt: str | list[int], on_text=None, add_special: bool | None = None,
+                 **sampling) -> dict:
+        """Completes `prompt` (text, or token ids fed exactly); on_text(piece) as each piece arrives."""
+        req = self.pb.GenerateRequest(model=model, sampling=self.sampling(**sampling))
+        if isinstance(prompt, str):
+            req.text = prompt
+        else:
+            req.ids.ids.extend(prompt)
+        if add_special is not None:
+            req.add_special = add_special
+        return self._collect(self.stub.Generate, req, on_text)
+
+    def chat(self, model: str, messages: list[dict], on_text=None, **sampling) -> dict:
+        msgs = [self.pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+        return self._collect(self.stub.Chat, self.pb.ChatRequest(model=model, messages=msgs,
+                                                                  sampling=self.sampling(**sampling)), on_text)
+
+    def _collect(self, method, req, on_text) -> dict:
+        pieces, ids = [], []
+
+        def take(e):
+            pieces.append(e.text)
+            if e.token_id >= 0:
+                ids.append(e.token_id)
+            if on_text and e.text:
+                on_text(e.text)
+        last = self._stream(method, req, take)
+        t = last.timings if last is not None else self.pb.Timings()
+        timings = {k: getattr(t, k) for k in ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms",
+                                              "prefill_tok_s", "decode_tok_s")}
+        return {"text": "".join(pieces), "token_ids": ids,
+                "finish_reason": last.finish_reason if last is not None else "", "timings": timings}
+
+    def tokenize(self, model: str, text: str, add_special: bool | None = None) -> list[int]:
+        req = self.pb.TokenizeRequest(model=model, text=text)
+        if add_special is not None:
+            req.add_special = add_special
+        return list(self._unary(self.stub.Tokenize, req).ids)
+
+    def detokenize(self, model: str, ids: list[int]) -> str:
+        return self._unary(self.stub.Detokenize, self.pb.DetokenizeRequest(model=model, ids=ids)).text
+
+    def set_options(self, name: str, pinned: bool | None = None, keep_alive: float | None = None) -> dict:
+        req = self.pb.SetModelOptionsRequest(name=name)
+        if pinned is not None:
+            req.pinned = pinned
+        if keep_alive is not None:
+            req.keep_alive_seconds = keep_alive
+        return model_dict(self._unary(self.stub.SetModelOptions, req))
+
+    def demote(self, name: str) -> dict:
+        return model_dict(self._unary(self.stub.Demote, self.pb.DemoteRequest(name=name)))
+
+    def promote(self, name: str) -> dict:
+        return model_dict(self._unary(self.stub.Promote, self.pb.PromoteRequest(name=name)))
+
+    def health(self, service: str = "") -> str:
+        """'SERVING', 'NOT_SERVING', ... for the daemon ("") or one model ("model/<name>")."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout or 10.0,
+                          metadata=self.metadata)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

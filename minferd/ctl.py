@@ -1,0 +1,318 @@
+"""`minferctl`: look at and drive a running minferd over gRPC.
+
+Everything here is formatting and argument parsing around minferd.client.Client; it never
+imports numpy, CuPy or the model code, and grpc only once a command runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from minferd.client import KINDS, PATHS, Client, default_address, normalize_address
+from minferd.units import fmt_bytes
+
+
+# ---- the pieces of the human output ---------------------------------------------------------
+def human_bytes(n: int) -> str:
+    return fmt_bytes(n) if n else "-"  # a dash reads faster than "0 B" in a column of zeros
+
+
+def human_duration(s: float) -> str:
+    s = int(max(s, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def keep_alive_text(m: dict) -> str:
+    if m["keep_alive_seconds"] < 0:
+        return "forever"
+    if m["keep_alive_seconds"] == 0:
+        return "until idle"
+    if m["busy"]:
+        return "busy"  # the clock only runs while the model is idle
+    left = m["keep_alive_left_seconds"]
+    return human_duration(left) if left > 0 else "expired"
+
+
+def last_used_text(m: dict, now: float) -> str:
+    if m["busy"]:
+        return "now"
+    if m["last_used_unix"] <= 0:
+        return "never"
+    return human_duration(now - m["last_used_unix"]) + " ago"
+
+
+def plan_text(m: dict) -> str:
+    demoted = m["planned_matmul_path"] and m["planned_matmul_path"] != m["matmul_path"]
+    return m["matmul_path"] + ("*" if demoted else "")
+
+
+def status_table(st: dict, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    head = ("NAME", "PATH", "PLAN", "WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "PINNED", "KEEP-ALIVE",
+            "LAST USED", "REQS", "TOKENS")
+    rows = [(m["name"], os.path.basename(m["path"]), plan_text(m), *(human_bytes(m["bytes"][k]) for k in KINDS),
+             str(m["ctx"]), "yes" if m["pinned"] else "-", keep_alive_text(m), last_used_text(m, now),
+             str(m["requests"]), str(m["tokens_generated"])) for m in st["models"]]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    right = {3, 4, 5, 6, 7, 11, 12}  # numbers line up on the right
+    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in [head, *rows]]
+    if not rows:
+        lines = ["no models loaded"]
+    p = st["pool"]
+    used = p["used_bytes"] / p["capacity_bytes"] if p["capacity_bytes"] else 0.0
+    bar = "#" * round(used * 20)
+    lines.append("")
+    lines.append(f"POOL {p['device']}  [{bar:<20}] {used:.1%} used  capacity {fmt_bytes(p['capacity_bytes'])}  "
+                 f"used {fmt_bytes(p['used_bytes'])}  reserved {fmt_bytes(p['reserved_bytes'])}  "
+                 f"free {fmt_bytes(p['free_bytes'])}")
+    demoted = [m for m in st["models"] if plan_text(m).endswith("*")]
+    if demoted:
+        lines.append("* demoted: " + ", ".join(f"{m['name']} planned {m['planned_matmul_path']}" for m in demoted))
+    if st["events"]:
+        lines.append("recent: " + "; ".join(st["events"][-3:]))
+    return "\n".join(lines)
+
+
+def footprint_text(m: dict) -> str:
+    b = m["bytes"]
+    kinds = ", ".join(f"{k} {human_bytes(b[k])}" for k in KINDS)
+    return f"{kinds} = {fmt_bytes(sum(b.values()))}; ctx {m['ctx']}"
+
+
+class ProgressBar:
+    """LoadProgress on stderr: one redrawn line per phase on a terminal, a few plain lines in a log."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.shown = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        line = f"{phase:<8} [{'#' * int(frac * 24):<24}] {frac:6.1%}"
+        if total > 1:
+            line += f"  {fmt_bytes(done)} / {fmt_bytes(total)}"
+        if self.tty:
+            new_phase = self.shown is not None and self.shown[0] != phase
+            self.stream.write(("\n" if new_phase else "\r") + line + "\x1b[K")
+            self.shown = (phase, 0)
+        elif self.shown != (phase, int(frac * 4)):  # a log gets a line per quarter, not per chunk
+            self.stream.write(line + "\n")
+            self.shown = (phase, int(frac * 4))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\n")
+
+
+# ---- commands: each takes (client, args) and returns the exit status -----------------------
+def _emit(args, obj, text: str) -> None:
+    print(json.dumps(obj) if args.json else text)
+
+
+def cmd_status(c: Client, args) -> int:
+    st = c.status()
+    _emit(args, st, status_table(st))
+    return 0
+
+
+def cmd_load(c: Client, args) -> int:
+    bar = None if args.quiet else ProgressBar()
+    try:
+        m = c.load(args.path, args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar)
+    finally:
+        if bar:
+            bar.close()
+    _emit(args, m, f"loaded {m['name']} ({os.path.basename(m['path'])}, {m['architecture']}): "
+                   f"plan {m['matmul_path']} ({m['reason']})\n  {footprint_text(m)}")
+    return 0
+
+
+def cmd_unload(c: Client, args) -> int:
+    freed = c.unload(args.name)
+    _emit(args, {"name": args.name, "freed_bytes": freed}, f"unloaded {args.name}, freed {fmt_bytes(freed)}")
+    return 0
+
+
+def _stream_out(args):
+    if args.json:
+        return None
+    return lambda piece: (sys.stdout.write(piece), sys.stdout.flush())
+
+
+def _finish(args, res: dict) -> int:
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print()
+    t = res["timings"]
+    print(f"[{t['prompt_tokens']} prompt tokens, {t['generated_tokens']} generated ({res['finish_reason']}); "
+          f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _sampling(args) -> dict:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
+            "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+            "repeat_penalty": args.repeat_penalty, "stop": args.stop or None}
+
+
+def cmd_generate(c: Client, args) -> int:
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise SystemExit("minferctl generate: give a PROMPT or --prompt-ids, not both")
+    prompt = args.prompt if args.prompt_ids is None else [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    add_special = False if args.no_special else None
+    return _finish(args, c.generate(args.name, prompt, _stream_out(args), add_special, **_sampling(args)))
+
+
+def cmd_chat(c: Client, args) -> int:
+    msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+    msgs.append({"role": "user", "content": args.message})
+    return _finish(args, c.chat(args.name, msgs, _stream_out(args), **_sampling(args)))
+
+
+def cmd_tokenize(c: Client, args) -> int:
+    ids = c.tokenize(args.name, args.text, False if args.no_special else None)
+    _emit(args, {"ids": ids}, ",".join(map(str, ids)))
+    return 0
+
+
+def cmd_detokenize(c: Client, args) -> int:
+    text = c.detokenize(args.name, [int(t) for t in args.ids.split(",") if t.strip()])
+    _emit(args, {"text": text}, text)
+    return 0
+
+
+def _model_cmd(call, verb):
+    def run(c: Client, args) -> int:
+        m = call(c, args)
+        _emit(args, m, f"{m['name']}: {verb(m)}; plan {plan_text(m)}, {footprint_text(m)}")
+        return 0
+    return run
+
+
+def parse_seconds(text: str) -> float:
+    """'300', '5m', '1h', 'forever' (negative), '0' (unload when idle)."""
+    t = text.strip().lower()
+    if t in ("forever", "inf", "never"):
+        return -1.0
+    scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(t[-1:], None)
+    try:
+        return float(t[:-1]) * scale if scale else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds, 5m, 1h or forever") from None
+
+
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    # The same options before or after the command; after it they must not reset what came before.
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--address", default=d(None),
+                   help=f"unix:///path.sock or host:port (env MINFERD_ADDRESS; default {default_address()})")
+    p.add_argument("--token", default=d(None), help="bearer token (env MINFERD_TOKEN)")
+    p.add_argument("--ca-cert", default=d(os.environ.get("MINFERD_CA_CERT")), help="TLS: the server's CA (PEM)")
+    p.add_argument("--tls", action="store_true", default=d(False), help="TLS with the system's roots")
+    p.add_argument("--timeout", type=float, default=d(None), help="seconds per call (default: none for streams)")
+    p.add_argument("--json", action="store_true", default=d(False), help="print one JSON object")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common(suppress=True)
+    ap = argparse.ArgumentParser(prog="minferctl", description=__doc__.splitlines()[0], parents=[_common(False)])
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name, fn, help, *pos):
+        p = sub.add_parser(name, help=help, parents=[common])
+        for a in pos:
+            p.add_argument(a)
+        p.set_defaults(fn=fn)
+        return p
+
+    add("status", cmd_status, "the pool and every model's footprint")
+    p = add("load", cmd_load, "load a GGUF file (a path under --models-dir or a bare name)", "path")
+    p.add_argument("--name", default="", help="the name requests use (default: from the file name)")
+    p.add_argument("--ctx", type=int, default=0, help="context length (default: the daemon's)")
+    p.add_argument("--matmul-path", default="auto", choices=list(PATHS))
+    p.add_argument("--pin", action="store_true", help="never evict it to make room")
+    p.add_argument("--keep-alive", type=parse_seconds, help="idle time before it may be unloaded (5m, forever)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add("unload", cmd_unload, "unload a model", "name")
+    for name, fn, hlp in (("generate", cmd_generate, "complete a prompt, streaming"),
+                          ("chat", cmd_chat, "one chat turn through the model's template")):
+        p = add(name, fn, hlp, "name")
+        if name == "generate":
+            p.add_argument("prompt", nargs="?")
+            p.add_argument("--prompt-ids", help="comma-separated token ids, fed exactly")
+            p.add_argument("--no-special", action="store_true", help="no BOS when tokenizing the prompt")
+        else:
+            p.add_argument("message")
+            p.add_argument("--system", help="a system message first")
+        p.add_argument("--max-tokens", type=int)
+        p.add_argument("--temperature", type=float)
+        p.add_argument("--seed", type=int)
+        p.add_argument("--top-k", type=int)
+        p.add_argument("--top-p", type=float)
+        p.add_argument("--min-p", type=float)
+        p.add_argument("--repeat-penalty", type=float)
+        p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p = add("tokenize", cmd_tokenize, "text -> token ids", "name", "text")
+    p.add_argument("--no-special", action="store_true")
+    add("detokenize", cmd_detokenize, "token ids (1,2,3) -> text", "name", "ids")
+    add("pin", _model_cmd(lambda c, a: c.set_options(a.name, pinned=True), lambda m: "pinned"), "never evict", "name")
+    add("unpin", _model_cmd(lambda c, a: c.set_options(a.name, pinned=False), lambda m: "unpinned"),
+        "may be evicted again", "name")
+    p = add("keep-alive", _model_cmd(lambda c, a: c.set_options(a.name, keep_alive=a.seconds),
+                                     lambda m: f"keep-alive {keep_alive_text(m)}"), "set the idle keep-alive", "name")
+    p.add_argument("seconds", type=parse_seconds, help="seconds, 5m, 1h, 0 (unload when idle) or forever")
+    add("demote", _model_cmd(lambda c, a: c.demote(a.name), lambda m: "demoted"), "drop the w16 cache", "name")
+    add("promote", _model_cmd(lambda c, a: c.promote(a.name), lambda m: "promoted"), "rebuild the w16 cache", "name")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    address = normalize_address(args.address)
+    try:
+        import grpc
+        client = Client(address, args.token, args.timeout, args.ca_cert, args.tls)
+    except OSError as e:  # an unreadable --ca-cert
+        print(f"minferctl: {e}", file=sys.stderr)
+        return 1
+    try:
+        return args.fn(client, args)
+    except grpc.RpcError as e:
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and _unreachable(details):
+            why = details.rsplit(": ", 1)[-1]  # grpc's chain of causes ends in the one a person knows
+            details = f"cannot reach minferd at {address} ({why}); is `minferd serve` running?"
+        print(f"minferctl: {code.name}: {details}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # the stream was cancelled on the way out (Client._stream)
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `minferctl generate ... | head`
+        return 0
+    finally:
+        client.close()
+
+
+def _unreachable(details: str) -> bool:
+    d = details.lower()
+    return any(s in d for s in ("failed to connect", "connection refused", "no such file", "connect failed",
+                                "dns resolution failed", "unix:"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

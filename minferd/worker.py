@@ -1,0 +1,87 @@
+"""One worker thread per model: requests to one model run in order, different models in parallel.
+
+A job that is cancelled while queued never runs; one that is running sees `cancelled` through the
+should_stop hook it was given, so a client that goes away frees its slot at once.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+from minferd.errors import NotFound
+
+
+class Job:
+    def __init__(self, fn):
+        self.fn = fn
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+        self.on_done = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _finish(self) -> None:
+        self.done.set()
+        if self.on_done:
+            self.on_done()
+
+
+class ModelWorker:
+    def __init__(self, name: str):
+        self.name = name
+        self.pending = 0  # queued + running: the pool treats a model with pending work as busy
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn) -> Job:
+        """Queue fn(job); returns the job at once."""
+        job = Job(fn)
+        with self._lock:
+            if self._closed:
+                raise NotFound(f"model {self.name!r} is being unloaded")
+            self.pending += 1
+        self._q.put(job)
+        return job
+
+    def call(self, fn):
+        """Run fn(job) on the worker and wait for it."""
+        return self.submit(fn).wait()
+
+    def stop(self) -> None:
+        """Let the running job finish, cancel the queued ones, end the thread."""
+        with self._lock:
+            self._closed = True
+        self._q.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            try:
+                if self._closed:
+                    job.error = NotFound(f"model {self.name!r} was unloaded")
+                elif job.cancelled.is_set():
+                    job.error = None  # nobody is waiting for it any more
+                else:
+                    job.result = job.fn(job)
+            except BaseException as e:  # handed to the waiting caller
+                job.error = e
+            finally:
+                with self._lock:
+                    self.pending -= 1
+                job._finish()
