@@ -94,6 +94,16 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import logging
+    from minferd.config import load_config
+    from minferd.serve import serve
+    logging.basicConfig(level=logging.INFO, format="minferd: %(message)s")
+    keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "tls_cert", "tls_key", "token",
+            "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads")
+    return serve(load_config({k: getattr(args, k) for k in keys}, toml_path=args.config))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minferd", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -107,6 +117,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--random-blocks", action="store_true", help="random quantized blocks (fast, for perf files)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_synth)
+
+    p = sub.add_parser("serve", help="run the daemon (gRPC)")
+    p.add_argument("--config", default=None, help="a TOML file of settings (flags and MINFERD_* win)")
+    p.add_argument("--listen", default=None, help="unix:///path.sock (default, mode 0600) or host:port")
+    p.add_argument("--models-dir", dest="models_dirs", action="append", default=None,
+                   help="LoadModel reads files only under these (repeatable)")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda[:N]")
+    p.add_argument("--budget", default=None, help="bytes (40GiB) or a fraction of the device (0.9)")
+    p.add_argument("--preload", action="append", default=None, help="PATH[=NAME], loaded pinned at start")
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument("--token", default=None, help="bearer token clients must send")
+    p.add_argument("--token-file", default=None, help="read the bearer token from a file")
+    p.add_argument("--insecure", action="store_true", default=None, help="allow plain TCP on loopback")
+    p.add_argument("--keep-alive", type=float, default=None, help="default seconds an idle model stays (300)")
+    p.add_argument("--w16-min-bytes", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("plan", help="dry run: the estimate by kind, the plan and whether it fits")
     p.add_argument("model")

@@ -52,6 +52,7 @@ class Host:
         self.weight_sets: dict[tuple, WeightSet] = {}
         self.lock = threading.RLock()
         self.events: list[str] = []  # demotions, evictions, expiries, promotions: for status and tests
+        self.event_counts: dict[str, int] = {}  # by kind, for metrics
         self.promote_in_background = False  # the daemon sets it: an unload then returns at once
 
     # ---- load / unload ---------------------------------------------------------------------
@@ -168,7 +169,7 @@ class Host:
             freed = lm.worker.call(lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
             self.ledger.unreserve(ws.tag, freed)
             ws.demoted = True
-            self.events.append(f"demoted {name}")
+            self.event("demoted", name)
             return freed
 
     def promote(self, name: str) -> int:
@@ -199,7 +200,7 @@ class Host:
                 self.ledger.unreserve(ws.tag, need)
                 raise
             ws.demoted = False
-            self.events.append(f"promoted {name}")
+            self.event("promoted", name)
             return need
 
     def promote_waiting(self) -> list[str]:
@@ -278,9 +279,14 @@ class Host:
         now = time.monotonic() if now is None else now
         gone = [t.name for t in manager.evictable(self._tenants(), now)]
         for name in gone:
-            self.events.append(f"expired {name}")
+            self.event("expired", name)
             self.unload(name)
         return gone
+
+    def event(self, kind: str, name: str) -> None:
+        self.events.append(f"{kind} {name}")
+        del self.events[:-1000]
+        self.event_counts[kind] = self.event_counts.get(kind, 0) + 1
 
     def _tenants(self):
         return list(self.models.values())

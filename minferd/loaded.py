@@ -83,7 +83,7 @@ class LoadedModel:
         return self.host.demote(self.name)
 
     def unload(self) -> int:
-        self.host.events.append(f"evicted {self.name}")
+        self.host.event("evicted", self.name)
         return self.host.unload(self.name)
 
 

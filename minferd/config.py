@@ -1,0 +1,80 @@
+"""Daemon settings: command-line flags over MINFERD_* environment over an optional TOML file."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+
+from minferd.errors import InvalidRequest
+
+
+def default_socket() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    name = "minferd.sock" if os.environ.get("XDG_RUNTIME_DIR") else f"minferd-{os.getuid()}.sock"
+    return "unix://" + os.path.join(base, name)
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    listen: str = field(default_factory=default_socket)  # unix:///path or host:port
+    models_dirs: tuple[str, ...] = ()
+    device: str = "auto"  # auto | cpu | cuda[:N]
+    budget: str | None = None  # bytes ("40GiB") or a fraction ("0.9")
+    preload: tuple[str, ...] = ()  # PATH[=NAME]
+    metrics_port: int | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token: str | None = None
+    token_file: str | None = None
+    insecure: bool = False
+    keep_alive: float = 300.0
+    w16_min_bytes: int = 2 << 30
+    threads: int | None = None
+    max_message_bytes: int = 16 << 20
+    drain_seconds: float = 30.0
+
+    def bearer_token(self) -> str | None:
+        if self.token_file:
+            try:
+                with open(self.token_file) as f:
+                    return f.read().strip() or None
+            except OSError as e:
+                raise InvalidRequest(f"--token-file {self.token_file}: {e.strerror}") from None
+        return self.token
+
+
+_ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int,
+        "token": str, "token_file": str, "tls_cert": str, "tls_key": str, "keep_alive": float,
+        "w16_min_bytes": int, "threads": int}
+
+
+def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> ServeConfig:
+    """flags: the parsed command line, None where not given."""
+    values: dict = {}
+    if toml_path:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise InvalidRequest("--config needs Python 3.11 or newer (tomllib)") from None
+        try:
+            with open(toml_path, "rb") as f:
+                values.update(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidRequest(f"--config {toml_path}: {e}") from None
+    for key, kind in _ENV.items():
+        raw = env.get("MINFERD_" + key.upper())
+        if raw is None:
+            continue
+        try:
+            values[key] = tuple(p for p in raw.split(os.pathsep) if p) if kind == "paths" else kind(raw)
+        except ValueError:
+            raise InvalidRequest(f"MINFERD_{key.upper()}={raw!r} is not a valid {kind.__name__}") from None
+    values.update({k: v for k, v in flags.items() if v is not None and v != ()})
+    known = {f.name for f in fields(ServeConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidRequest(f"unknown setting(s) {', '.join(unknown)}")
+    for k in ("models_dirs", "preload"):
+        if k in values:
+            values[k] = tuple(values[k])
+    return ServeConfig(**values)

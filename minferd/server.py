@@ -1,0 +1,257 @@
+"""The gRPC edge: a thin servicer (proto <-> host calls), errors mapped to status codes in one
+place, a bearer-token interceptor, and create_server (kept apart from serve, as in the gRPC
+examples)."""
+from __future__ import annotations
+
+import hmac
+import logging
+import queue
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from minferd._proto import pb2, pb2_grpc
+from minferd.devices import MatmulPath
+from minferd.errors import (Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound,
+                            PermissionDenied)
+from minferd.host import Host, LoadOptions
+from minferd.model.sampler import SamplingParams
+from minferd.paths import allowed_model_path
+from minferd.pool.ledger import PoolExhausted
+
+log = logging.getLogger("minferd")
+
+STATUS = {  # the one map from domain errors to gRPC status codes
+    ModelFileError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+}
+PATHS = {pb2.W16: MatmulPath.W16, pb2.MMQ: MatmulPath.MMQ, pb2.FUSED_B: MatmulPath.FUSED_B}
+SERVICE = "minferd.v1.Minferd"
+
+
+def status_code(e: BaseException) -> grpc.StatusCode:
+    for cls, code in STATUS.items():
+        if isinstance(e, cls):
+            return code
+    return grpc.StatusCode.UNAVAILABLE if isinstance(e, MinferdError) else grpc.StatusCode.INTERNAL
+
+
+def _edge(method):
+    """Run a servicer method; a domain error aborts the call with its mapped code."""
+    def unary(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as e:
+            self._abort(context, e)
+
+    def streaming(self, request, context):
+        try:
+            yield from method(self, request, context)
+        except Exception as e:
+            self._abort(context, e)
+
+    import inspect
+    wrapper = streaming if inspect.isgeneratorfunction(method) else unary
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
+def model_info(d: dict) -> pb2.ModelInfo:
+    return pb2.ModelInfo(**{k: v for k, v in d.items() if k != "bytes"}, bytes=pb2.ByKind(**d["bytes"]))
+
+
+def sampling(p: pb2.SamplingParams) -> SamplingParams:
+    kw = {f: getattr(p, f) for f in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                                    "seed", "max_tokens") if p.HasField(f)}
+    return SamplingParams(**kw, stop=tuple(p.stop))
+
+
+class MinferdServicer(pb2_grpc.MinferdServicer):
+    def __init__(self, host: Host, models_dirs, keep_alive: float, health_servicer=None, metrics=None):
+        self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
+        self.health, self.metrics = health_servicer, metrics
+
+    def _abort(self, context, e: BaseException):
+        code = status_code(e)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("internal error")
+        if self.metrics:
+            self.metrics.refusal(code.name)
+        context.abort(code, str(e) if code != grpc.StatusCode.INTERNAL else f"internal error: {type(e).__name__}: {e}")
+
+    def _set_health(self, name: str, serving: bool) -> None:
+        if self.health:
+            s = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            self.health.set(f"model/{name}", s)
+
+    @_edge
+    def LoadModel(self, request, context):
+        path = allowed_model_path(request.path, self.models_dirs)
+        name = request.name or _name_from(path)
+        keep = request.keep_alive_seconds if request.HasField("keep_alive_seconds") else self.keep_alive
+        opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep)
+        yield pb2.LoadProgress(phase="planning")
+        progress: queue.SimpleQueue = queue.SimpleQueue()
+        box = {}
+
+        def load():
+            try:
+                box["lm"] = self.host.load(name, path, opts, lambda ph, d, t: progress.put((ph, d, t)))
+            except BaseException as e:
+                box["error"] = e
+            progress.put(None)
+
+        threading.Thread(target=load, name=f"minferd-load-{name}", daemon=True).start()
+        last = 0.0
+        while (item := progress.get()) is not None:
+            now = time.monotonic()
+            if item[0] != "weights" or now - last > 0.05 or item[1] == item[2]:  # at most ~20 updates a second
+                last = now
+                yield pb2.LoadProgress(phase=item[0], bytes_done=item[1], bytes_total=item[2])
+        if "error" in box:
+            raise box["error"]
+        self._set_health(name, True)
+        yield pb2.LoadProgress(phase="ready", bytes_done=1, bytes_total=1,
+                               model=model_info(self.host.model_info(box["lm"])))
+
+    @_edge
+    def UnloadModel(self, request, context):
+        freed = self.host.unload(request.name)
+        self._set_health(request.name, False)
+        return pb2.UnloadModelResponse(name=request.name, freed_bytes=freed)
+
+    @_edge
+    def ListModels(self, request, context):
+        return pb2.ListModelsResponse(models=[model_info(m) for m in self.host.status()["models"]])
+
+    @_edge
+    def GetStatus(self, request, context):
+        st = self.host.status()
+        return pb2.Status(pool=pb2.PoolInfo(**st["pool"]), models=[model_info(m) for m in st["models"]],
+                          events=st["events"])
+
+    @_edge
+    def Generate(self, request, context):
+        params = sampling(request.sampling)
+        if request.WhichOneof("prompt") == "ids":
+            ids = list(request.ids.ids)
+        else:
+            add = request.add_special if request.HasField("add_special") else True
+            ids = self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add)
+        yield from self._stream(request.model, ids, params, context)
+
+    @_edge
+    def Chat(self, request, context):
+        lm = self.host.get(request.model)
+        if not request.messages:
+            raise InvalidRequest("chat has no messages")
+        msgs = [{"role": m.role, "content": m.content} for m in request.messages]
+        ids = lm.ws.tokenizer.encode(lm.ws.tokenizer.render_chat(msgs), add_special=True)
+        yield from self._stream(request.model, ids, sampling(request.sampling), context)
+
+    def _stream(self, model, ids, params, context):
+        t0 = time.perf_counter()
+        events = self.host.stream(model, ids, params)
+        context.add_callback(events.close)  # the client went away: cancel at once
+        try:
+            for kind, a, b in events:
+                if kind == "piece":
+                    yield pb2.GenerateEvent(text=b, token_id=a)
+                else:
+                    res = a
+                    t = res.timings
+                    if self.metrics:
+                        self.metrics.request(model, res.prompt_tokens, len(res.token_ids), time.perf_counter() - t0)
+                    yield pb2.GenerateEvent(finish_reason=res.finish_reason, timings=pb2.Timings(
+                        prompt_tokens=res.prompt_tokens, generated_tokens=len(res.token_ids),
+                        prefill_ms=t["prefill_ms"], decode_ms=t["decode_ms"],
+                        prefill_tok_s=t["prefill_tok_s"], decode_tok_s=t["decode_tok_s"]))
+        finally:
+            events.close()
+
+    @_edge
+    def Tokenize(self, request, context):
+        add = request.add_special if request.HasField("add_special") else True
+        return pb2.TokenizeResponse(ids=self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add))
+
+    @_edge
+    def Detokenize(self, request, context):
+        tok = self.host.get(request.model).ws.tokenizer
+        bad = [i for i in request.ids if not 0 <= i < tok.vocab_size]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})")
+        return pb2.DetokenizeResponse(text=tok.decode(list(request.ids)))
+
+    @_edge
+    def SetModelOptions(self, request, context):
+        if request.HasField("pinned"):
+            self.host.set_pinned(request.name, request.pinned)
+        if request.HasField("keep_alive_seconds"):
+            self.host.set_keep_alive(request.name, request.keep_alive_seconds)
+        return model_info(self.host.model_info(self.host.get(request.name)))
+
+    @_edge
+    def Demote(self, request, context):
+        self.host.demote(request.name)
+        return model_info(self.host.model_info(self.host.get(request.name)))
+
+    @_edge
+    def Promote(self, request, context):
+        lm = self.host.get(request.name)
+        if lm.ws.plan.matmul_path != MatmulPath.W16 and not lm.ws.demoted:
+            raise Conflict(f"{request.name} was planned {lm.ws.plan.matmul_path.value}, not w16: nothing to promote")
+        if not self.host.promote(request.name) and not lm.ws.w16_bytes():
+            raise PoolExhausted(f"promoting {request.name}", lm.ws.plan.bytes["w16"] or 2 * lm.ws.file.matmul_elems(),
+                                self.host.ledger.free())
+        return model_info(self.host.model_info(lm))
+
+
+def _name_from(path: str) -> str:
+    import os
+    base = os.path.basename(path)
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+class TokenAuth(grpc.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on every call except health checks (Kubernetes'
+    gRPC probes send no metadata). The comparison takes constant time."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+        self._deny = grpc.unary_unary_rpc_method_handler(
+            lambda req, ctx: ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token"))
+
+    def intercept_service(self, continuation, details):
+        if details.method.startswith("/grpc.health.v1.Health/"):
+            return continuation(details)
+        got = dict(details.invocation_metadata).get("authorization", "")
+        if hmac.compare_digest(got.encode(), self._expected):
+            return continuation(details)
+        return self._deny
+
+
+def create_server(servicer: MinferdServicer, health_servicer, token: str | None = None,
+                  max_message_bytes: int = 16 << 20, workers: int = 64) -> grpc.Server:
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes),
+               ("grpc.max_metadata_size", 16 << 10)]
+    interceptors = [TokenAuth(token)] if token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minferd-grpc"),
+                         interceptors=interceptors, options=options)
+    pb2_grpc.add_MinferdServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (pb2.DESCRIPTOR.services_by_name["Minferd"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    return server
+
+
+def new_health() -> health.HealthServicer:
+    return health.HealthServicer(experimental_non_blocking=True)
