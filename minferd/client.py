@@ -123,7 +123,7 @@ class Client:
 
         def take(e):
             pieces.append(e.text)
-            if e.token_id >= 0:
+            if e.token_id >= 0 and not e.finish_reason:  # the closing event carries no token
                 ids.append(e.token_id)
             if on_text and e.text:
                 on_text(e.text)

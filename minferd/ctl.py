@@ -100,7 +100,9 @@ class ProgressBar:
     def __call__(self, phase: str, done: int, total: int) -> None:
         frac = done / total if total else 1.0
         line = f"{phase:<8} [{'#' * int(frac * 24):<24}] {frac:6.1%}"
-        if total > 1:
+        if not total:  # a phase without bytes (planning) has nothing to fill
+            line = f"{phase:<8} ..."
+        elif total > 1:
             line += f"  {fmt_bytes(done)} / {fmt_bytes(total)}"
         if self.tty:
             new_phase = self.shown is not None and self.shown[0] != phase

@@ -146,7 +146,15 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         else:
             add = request.add_special if request.HasField("add_special") else True
             ids = self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add)
+        self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, params, context)
+
+    def _check_room(self, model: str, ids, sp: pb2.SamplingParams) -> None:
+        """An explicit max_tokens that cannot fit after the prompt is an error, not a silent cut."""
+        ctx = self.host.get(model).ctx
+        if sp.HasField("max_tokens") and len(ids) + sp.max_tokens > ctx:
+            raise InvalidRequest(f"prompt ({len(ids)} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
+                                 f"model's context of {ctx}; load it with a larger ctx or ask for fewer tokens")
 
     @_edge
     def Chat(self, request, context):
@@ -155,6 +163,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             raise InvalidRequest("chat has no messages")
         msgs = [{"role": m.role, "content": m.content} for m in request.messages]
         ids = lm.ws.tokenizer.encode(lm.ws.tokenizer.render_chat(msgs), add_special=True)
+        self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, sampling(request.sampling), context)
 
     def _stream(self, model, ids, params, context):

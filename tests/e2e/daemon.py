@@ -1,0 +1,56 @@
+"""Start a real `minferd serve` subprocess for a test and stop it again."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+
+from minferd._proto import pb2, pb2_grpc
+
+
+class Daemon:
+    def __init__(self, tmp_path, *args, listen: str | None = None, wait: bool = True, token: str | None = None):
+        self.sock = str(tmp_path / "d.sock")
+        self.address = listen or f"unix://{self.sock}"
+        self.log = tmp_path / "daemon.log"
+        cmd = [sys.executable, "-m", "minferd.cli", "serve", "--listen", self.address, *map(str, args)]
+        self.proc = subprocess.Popen(cmd, stderr=open(self.log, "w"), stdout=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.token = token
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if "listening on" in self.log.read_text():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.log.read_text()}")
+            time.sleep(0.05)
+        raise TimeoutError(self.log.read_text())
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address)
+
+    def stub(self) -> pb2_grpc.MinferdStub:
+        return pb2_grpc.MinferdStub(self.channel())
+
+    def metadata(self):
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def load(self, path, name, **kw) -> list:
+        return list(self.stub().LoadModel(pb2.LoadModelRequest(name=name, path=str(path), **kw),
+                                          metadata=self.metadata()))
+
+    def status(self) -> pb2.Status:
+        return self.stub().GetStatus(pb2.GetStatusRequest(), metadata=self.metadata())
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
