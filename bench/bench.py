@@ -47,7 +47,7 @@ def bench_decode(lm, n_tokens: int, reps: int) -> list[float]:
         prefill(lm.model, ids[:1], cache)
         t = time.perf_counter()
         for tok in ids[1:]:
-            be.to_host(lm.model.forward(np.array([tok]), cache))
+            be.to_host(be.decode(lm.model, int(tok), cache))
         out.append(n_tokens / (time.perf_counter() - t))
         be.free(cache)
     return out
@@ -67,11 +67,14 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=32, help="tokens to decode")
     ap.add_argument("-r", type=int, default=3, help="repeats")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--ctx", type=int, default=None, help="context the scratch is sized for")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     rows = []
     for path in args.paths.split(","):
-        lm = load_local(args.model, path, args.threads)
+        ctx = args.ctx or max([int(p) for p in args.p.split(",") if p] + [args.n + 1])
+        lm = load_local(args.model, path, args.threads, args.device, ctx)
         mem = held_bytes(lm)
         tests = [(f"pp{p}", bench_prefill, int(p)) for p in args.p.split(",") if p] + \
                 ([(f"tg{args.n}", bench_decode, args.n)] if args.n else [])

@@ -27,6 +27,7 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-path", default="mmq", choices=["w16", "mmq", "fused_b"],
                    help="w16 keeps a dequantized copy; the others dequantize at use (default mmq)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -60,7 +61,7 @@ def cmd_run(args) -> int:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
                             max_tokens=args.max_tokens, stop=tuple(args.stop or ()))
-    loaded = load_local(args.model, args.matmul_path, args.threads)
+    loaded = load_local(args.model, args.matmul_path, args.threads, args.device, args.ctx)
     ids = _prompt(args, loaded)
     ctx = args.ctx or min(loaded.spec.ctx_train, len(ids) + args.max_tokens)
     stream = None if args.json else (lambda tok, piece: print(piece, end="", flush=True))
@@ -79,7 +80,7 @@ def cmd_run(args) -> int:
 def cmd_score(args) -> int:
     from minferd.model.generate import score
     from minferd.model.loader import load_local
-    loaded = load_local(args.model, args.matmul_path, args.threads)
+    loaded = load_local(args.model, args.matmul_path, args.threads, args.device)
     ids = _prompt(args, loaded)
     res = score(loaded.model, ids, args.top_k)
     if args.json:

@@ -78,6 +78,9 @@ def status_table(st: dict, now: float | None = None) -> str:
     demoted = [m for m in st["models"] if plan_text(m).endswith("*")]
     if demoted:
         lines.append("* demoted: " + ", ".join(f"{m['name']} planned {m['planned_matmul_path']}" for m in demoted))
+    groups = {tuple(sorted([m["name"], *m["shared_with"]])) for m in st["models"] if m["shared_with"]}
+    if groups:  # one copy of the weights: a column sum would count it twice
+        lines.append("shared weights: " + "; ".join(" + ".join(g) for g in sorted(groups)))
     if st["events"]:
         lines.append("recent: " + "; ".join(st["events"][-3:]))
     return "\n".join(lines)
@@ -172,8 +175,9 @@ def _sampling(args) -> dict:
 
 def cmd_generate(c: Client, args) -> int:
     if (args.prompt is None) == (args.prompt_ids is None):
-        raise SystemExit("minferctl generate: give a PROMPT or --prompt-ids, not both")
-    prompt = args.prompt if args.prompt_ids is None else [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        print("minferctl generate: give a PROMPT or --prompt-ids (one of them)", file=sys.stderr)
+        return 2
+    prompt = args.prompt if args.prompt_ids is None else args.prompt_ids
     add_special = False if args.no_special else None
     return _finish(args, c.generate(args.name, prompt, _stream_out(args), add_special, **_sampling(args)))
 
@@ -191,7 +195,7 @@ def cmd_tokenize(c: Client, args) -> int:
 
 
 def cmd_detokenize(c: Client, args) -> int:
-    text = c.detokenize(args.name, [int(t) for t in args.ids.split(",") if t.strip()])
+    text = c.detokenize(args.name, args.ids)
     _emit(args, {"text": text}, text)
     return 0
 
@@ -202,6 +206,13 @@ def _model_cmd(call, verb):
         _emit(args, m, f"{m['name']}: {verb(m)}; plan {plan_text(m)}, {footprint_text(m)}")
         return 0
     return run
+
+
+def token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers, like 1,2,3") from None
 
 
 def parse_seconds(text: str) -> float:
@@ -256,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
         p = add(name, fn, hlp, "name")
         if name == "generate":
             p.add_argument("prompt", nargs="?")
-            p.add_argument("--prompt-ids", help="comma-separated token ids, fed exactly")
+            p.add_argument("--prompt-ids", type=token_ids, help="comma-separated token ids, fed exactly")
             p.add_argument("--no-special", action="store_true", help="no BOS when tokenizing the prompt")
         else:
             p.add_argument("message")
@@ -271,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p = add("tokenize", cmd_tokenize, "text -> token ids", "name", "text")
     p.add_argument("--no-special", action="store_true")
-    add("detokenize", cmd_detokenize, "token ids (1,2,3) -> text", "name", "ids")
+    add("detokenize", cmd_detokenize, "token ids (1,2,3) -> text", "name").add_argument("ids", type=token_ids)
     add("pin", _model_cmd(lambda c, a: c.set_options(a.name, pinned=True), lambda m: "pinned"), "never evict", "name")
     add("unpin", _model_cmd(lambda c, a: c.set_options(a.name, pinned=False), lambda m: "unpinned"),
         "may be evicted again", "name")

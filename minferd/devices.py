@@ -19,13 +19,35 @@ class MatmulPath(str, enum.Enum):
     FUSED_B = "fused_b"  # dequantize weight tiles inside the GEMM
 
 
+LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
+DEQUANT_ROWS = 4096  # rows per temporary f16 tile when a model without W16 prefills through cuBLAS
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTraits:
     kind: str  # "cpu" | "cuda"
     kv_elem_bytes: int
     path_types: dict  # MatmulPath -> frozenset of type names the path's kernels cover
-    scratch_fixed: int = 0  # bytes of scratch whatever the model
+    scratch_fixed: int = 0  # bytes of scratch whatever the model (the CPU's dequant buffers)
     default_headroom: int = 0
+
+    def scratch_bytes(self, spec, ctx: int, max_batch: int) -> int:
+        return self.scratch_fixed if self.kind == "cpu" else cuda_scratch_bytes(spec, ctx, max_batch)
+
+
+def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
+    """An upper bound of what one forward pass of max_batch tokens holds at once on the CUDA
+    backend (its arena): activations in f32 and f16, attention scores over the whole context,
+    a dequantized weight tile, a chunk of logits; then a quarter more for the pool's rounding."""
+    n, f32, f16 = max_batch, 4, 2
+    widest = max(spec.hidden, spec.ffn, spec.q_dim)
+    act = n * (6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32
+               + spec.ffn * (3 * f32 + 2 * f16))
+    attn = spec.n_heads * n * ctx * f16 * 2 + 4 * ctx * spec.kv_dim * f16 + n * spec.q_dim * (2 * f16 + 2 * f32)
+    tile = DEQUANT_ROWS * widest * f16 + n * DEQUANT_ROWS * (f16 + f32)
+    logits = LOGITS_ROWS * spec.n_vocab * (f16 + 2 * f32)
+    decode = 64 * spec.hidden * f32 + 32 * spec.q_dim * 2 * f32 + 2 * spec.n_vocab * f32
+    return int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20)
 
 
 def cpu_traits(threads: int) -> DeviceTraits:

@@ -109,12 +109,10 @@ class Host:
             model = build_model(ws.file, backend, ws.weights)
             cache = model.new_cache(mem, ctx)
             made.append(cache)
-            if hasattr(backend, "alloc_scratch"):
-                backend.alloc_scratch(mem)
+            backend.alloc_scratch(mem, p.bytes["scratch"])
         except BaseException:
             backend.free(*made)
-            if hasattr(backend, "free_scratch"):
-                backend.free_scratch(self.allocator.for_model(name))
+            backend.free_scratch(self.allocator.for_model(name))
             self.ledger.unreserve(name)
             if new_ws:
                 self.ledger.unreserve(tag)
@@ -137,8 +135,7 @@ class Host:
             lm.worker.stop()  # the running request finishes, queued ones are refused
             be = lm.model.be
             be.free(lm.cache)
-            if hasattr(be, "free_scratch"):
-                be.free_scratch(self.allocator.for_model(name))
+            be.free_scratch(self.allocator.for_model(name))
             self.ledger.unreserve(name)
             ws = lm.ws
             ws.users.remove(lm)

@@ -23,20 +23,37 @@ from minferd.server import SERVICE, MinferdServicer, create_server, new_health
 log = logging.getLogger("minferd")
 
 
+def _gpu_present() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device: the CPU serves
+        return False
+
+
 def build_host(cfg: ServeConfig) -> Host:
     device = cfg.device
     if device == "auto":
-        device = "cpu"  # the CUDA backend is chosen here once it exists
-    if device != "cpu":
-        raise InvalidRequest(f"device {device!r}: this build serves on the CPU only (the CUDA backend is not in yet)")
-    from minferd.backend.cpu import CpuBackend, HostMemory
-    from minferd.devices import cpu_traits
-    threads = cfg.threads or os.cpu_count() or 1
-    total, others = measure_device("cpu")
-    budget = resolve_budget("cpu", parse_budget(cfg.budget) if cfg.budget else None, total, others)
-    mem = HostMemory()
-    host = Host(lambda: CpuBackend(threads, mem), mem, cpu_traits(threads), budget.capacity,
-                cfg.w16_min_bytes, device)
+        device = "cuda:0" if _gpu_present() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise InvalidRequest(f"device {device!r}: expected auto, cpu or cuda[:N]")
+    if device != "cpu" and not _gpu_present():
+        raise InvalidRequest(f"device {device}: no CUDA device (or no CuPy: pip install 'minferd[cuda12]')")
+    device = "cuda:0" if device == "cuda" else device
+    total, others = measure_device(device)
+    budget = resolve_budget(device, parse_budget(cfg.budget) if cfg.budget else None, total, others)
+    if device == "cpu":
+        from minferd.backend.cpu import CpuBackend, HostMemory
+        from minferd.devices import cpu_traits
+        threads = cfg.threads or os.cpu_count() or 1
+        mem = HostMemory()
+        factory, traits = (lambda: CpuBackend(threads, mem)), cpu_traits(threads)
+    else:
+        from minferd.backend.cuda import CudaBackend, DeviceMemory
+        from minferd.devices import cuda_traits
+        mem = DeviceMemory(int(device.partition(":")[2]), limit=budget.capacity)
+        factory, traits = (lambda: CudaBackend(mem)), cuda_traits()
+    host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device)
     host.promote_in_background = True
     return host
 

@@ -131,6 +131,12 @@ class RunDir:
             raise RuntimeError(f"{base} belongs to another user")
         self.path.mkdir(mode=0o700, exist_ok=True)
 
+    def files(self) -> Path:
+        """Where minferd_shared_file writes: inside a directory the daemon may load from."""
+        self._make()
+        (self.path / "files").mkdir(exist_ok=True)
+        return self.path / "files"
+
     @contextlib.contextmanager
     def locked(self, name: str = "state"):
         """Holds an exclusive flock; yields the state dict of `name`, written back on the way out."""

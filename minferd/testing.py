@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,10 @@ def pytest_configure(config):
 def pytest_sessionfinish(session):
     s = session.config.stash.get(_SESSION, None)
     if s and s.worker != "main":
-        s.finish()  # also for workers that never asked for the daemon: the count must reach the total
+        try:
+            s.finish()
+        except Exception as e:  # never fail a run that may not even use minferd
+            warnings.warn(f"minferd plugin: {e}")
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -122,7 +126,8 @@ class DaemonSession:
 
     def _serve_args(self) -> list[str]:
         opt = self.config.getoption
-        dirs = opt("minferd_models_dir") or self.default_models_dirs()
+        # minferd_shared_file writes under the run directory: always loadable, whatever the option says.
+        dirs = [*(opt("minferd_models_dir") or self.default_models_dirs()), self.rundir.files()]
         args = ["--budget", opt("minferd_budget"), "--device", opt("minferd_device")]
         for d in dict.fromkeys(str(Path(d).resolve()) for d in dirs):
             args += ["--models-dir", d]
@@ -136,9 +141,8 @@ class DaemonSession:
         return [d for d in dirs if os.path.isdir(d)]
 
     def finish(self) -> None:
-        """This process is done; the last of the run's workers to get here stops the daemon."""
-        if not self.rundir.exists():
-            return
+        """This process is done; the last of the run's workers to get here stops the daemon.
+        Workers that never used it count too: one of them may be the last to finish."""
         with self.rundir.locked() as st:
             st["done"] = sorted(set(st.get("done", [])) | {self.worker})
             if len(st["done"]) >= self.workers:
@@ -154,7 +158,8 @@ class DaemonSession:
     def _stop(self, st: dict) -> None:
         if not st.get("pid") or st.get("stopped"):
             return
-        final = {"pid": st["pid"], "address": st["address"], "users": st.get("users", []), "status": None}
+        final = {"pid": st["pid"], "address": st["address"], "users": st.get("users", []), "stopped_by": self.worker,
+                 "status": None}
         try:
             c = Client(st["address"], timeout=10)
             final["status"] = c.status()
@@ -216,10 +221,9 @@ def minferd_shared_file(request):
     rundir = request.config.stash[_SESSION].rundir
 
     def get(filename: str, make) -> Path:
-        path = rundir.path / "files" / filename
+        path = rundir.files() / filename
         with rundir.locked("files"):
             if not path.exists():
-                path.parent.mkdir(exist_ok=True)
                 part = path.with_name(path.name + ".part")
                 make(part)
                 os.replace(part, path)  # a file that exists is complete
@@ -239,7 +243,14 @@ class ModelHandle:
 
     def __init__(self, client: Client, path: str, name: str, opts: dict):
         self.client, self.path, self.name, self.opts = client, path, name, opts
-        self.loaded = client.load(path, name, **opts)  # what the load returned: plan, reason, footprint
+        self.loaded = self._load()  # what the load returned: plan, reason, footprint
+
+    def _load(self) -> dict:
+        import grpc
+        try:
+            return self.client.load(self.path, self.name, **self.opts)
+        except grpc.RpcError as e:  # one line in the test report, not a dump of the call object
+            raise RuntimeError(f"minferd could not load {self.path}: {e.code().name}: {e.details()}") from None
 
     @property
     def info(self) -> dict:
@@ -247,7 +258,7 @@ class ModelHandle:
         for m in self._call(self.client.models):
             if m["name"] == self.name:
                 return m
-        self.loaded = self.client.load(self.path, self.name, **self.opts)
+        self.loaded = self._load()
         return self.loaded
 
     def generate(self, prompt: str | list[int], **sampling) -> str:
@@ -272,7 +283,7 @@ class ModelHandle:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
         # Evicted or expired since it was loaded: load it again, once.
-        self.loaded = self.client.load(self.path, self.name, **self.opts)
+        self.loaded = self._load()
         return fn(*args, **kw)
 
     def __repr__(self):

@@ -5,6 +5,7 @@ sees NumPy or CuPy directly except through plain arithmetic on the arrays the op
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -74,6 +75,18 @@ class Backend(ABC):
     def untracked(self) -> Untracked:
         return Untracked(self.memory)
 
+    def scope(self):
+        """Where a forward pass runs (the CUDA backend: its stream and scratch arena)."""
+        return contextlib.nullcontext()
+
+    def positions(self, start: int, n: int):
+        """Token positions start..start+n as the ops take them."""
+        return np.arange(start, start + n, dtype=np.int64)
+
+    def decode(self, model, token: int, cache: KVCache):
+        """Logits (1, vocab) of one more token (the CUDA backend replays a captured graph)."""
+        return model.forward(np.array([token]), cache)
+
     # ---- memory --------------------------------------------------------------------------
     @abstractmethod
     def upload(self, mem, name: str, qtype: QuantType, shape: tuple[int, ...], raw: np.ndarray) -> Weight:
@@ -89,6 +102,13 @@ class Backend(ABC):
 
     @abstractmethod
     def alloc_kv(self, mem, slots: tuple[int, ...], ctx: int, n_kv_heads: int, head_dim: int) -> KVCache: ...
+
+    @abstractmethod
+    def alloc_scratch(self, mem, nbytes: int) -> None:
+        """The model's scratch (what its forward passes work in), from `mem`."""
+
+    @abstractmethod
+    def free_scratch(self, mem) -> None: ...
 
     def free(self, *objs) -> None:
         """Release Weights and KVCaches to the memory they came from, now."""

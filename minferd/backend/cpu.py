@@ -109,8 +109,9 @@ class CpuBackend(Backend):
         arrays = _all_or_nothing(mem, "kv", shapes * 2, np.float32)
         return KVCache(arrays[:len(slots)], arrays[len(slots):], tuple(slots), ctx, mem)
 
-    def alloc_scratch(self, mem) -> None:
-        """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch)."""
+    def alloc_scratch(self, mem, nbytes: int | None = None) -> None:
+        """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch;
+        their size is scratch_bytes(threads), which the planner's estimate already says)."""
         bufs = _all_or_nothing(mem, "scratch", [(BLOCK_ELEMS,)] * self.threads, np.float32)
         self._scratch = queue.SimpleQueue()
         for b in bufs:

@@ -89,7 +89,7 @@ def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_
             if cache.n_tokens >= ctx:
                 finish = "ctx"
                 break
-            logits = be.to_host(model.forward(np.array([tok]), cache))[-1]
+            logits = be.to_host(be.decode(model, tok, cache))[-1]
         t2 = time.perf_counter()
     finally:
         if own:

@@ -111,14 +111,29 @@ class LocalModel:
     load_ms: float
 
 
-def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None = None, backend=None) -> LocalModel:
-    from minferd.backend.cpu import CpuBackend
+def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None = None, device: str = "cpu",
+               ctx: int | None = None) -> LocalModel:
+    """Load a model in this process, outside any pool (the `run` and `score` commands, tests, bench)."""
     from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
 
     t0 = time.perf_counter()
     mf = open_model_file(resolve_path(name_or_path))
     tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
-    backend = backend or CpuBackend(threads)
-    weights = upload_weights(mf, backend, backend.untracked(), MatmulPath(matmul_path))
+    backend, traits = make_backend(device, threads)
+    mem = backend.untracked()
+    weights = upload_weights(mf, backend, mem, MatmulPath(matmul_path))
     model = build_model(mf, backend, weights)
+    ctx = ctx or min(mf.spec.ctx_train, 4096)
+    backend.alloc_scratch(mem, traits.scratch_bytes(mf.spec, ctx, model.max_batch))
     return LocalModel(model, tokenizer, mf.spec, mf, (time.perf_counter() - t0) * 1e3)
+
+
+def make_backend(device: str, threads: int | None = None, memory=None):
+    """A fresh backend for one model on `device` ("cpu" or "cuda[:N]"), and the device's traits."""
+    from minferd.devices import cpu_traits, cuda_traits
+    if device == "cpu":
+        from minferd.backend.cpu import CpuBackend
+        be = CpuBackend(threads, memory)
+        return be, cpu_traits(be.threads)
+    from minferd.backend.cuda import CudaBackend, DeviceMemory
+    return CudaBackend(memory or DeviceMemory(int(device.partition(":")[2] or 0))), cuda_traits()

@@ -43,5 +43,5 @@ def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int) -> Estimate:
             w16 += 2 * t.n_elems
             mm_bytes += t.n_bytes
             types.add(t.qtype.name)
-    return Estimate(weights, w16, kv_bytes(mf, ctx, traits.kv_elem_bytes), traits.scratch_fixed,
-                    mm_bytes, frozenset(types), ctx)
+    scratch = traits.scratch_bytes(mf.spec, ctx, LlamaModel.max_batch)
+    return Estimate(weights, w16, kv_bytes(mf, ctx, traits.kv_elem_bytes), scratch, mm_bytes, frozenset(types), ctx)

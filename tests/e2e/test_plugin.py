@@ -45,6 +45,7 @@ def test_sample_suite_shares_one_daemon_and_one_load_per_file(tmp_path, workers)
     if workers:
         assert {line["worker"] for line in lines} == {"gw0", "gw1"}
         assert sorted(report["users"]) == ["gw0", "gw1"]
+        assert report["stopped_by"] in ("gw0", "gw1"), "the last worker stopped it, not the controller's backstop"
     assert not pid_alive(report["pid"]), "the daemon is stopped at the end"
 
     models = report["status"]["models"]

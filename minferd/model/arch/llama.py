@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from minferd.backend.base import Backend, KVCache, Weight, kv_slots
+from minferd.devices import LOGITS_ROWS
 from minferd.model.spec import ModelSpec
 
 # Tensor roles decide which types are acceptable: matmul and embedding weights may be any of
@@ -21,9 +22,8 @@ class LlamaModel:
     def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
         self.spec, self.w, self.be = spec, weights, backend
         self.output = weights.get("output.weight") or weights["token_embd.weight"]
-        self.freq_factors = None
-        if "rope_freqs.weight" in weights:
-            self.freq_factors = backend.to_host(weights["rope_freqs.weight"].data)
+        ff = weights.get("rope_freqs.weight")
+        self.freq_factors = None if ff is None else ff.data
 
     # ---- the tensors a file must hold -----------------------------------------------------
     @classmethod
@@ -61,25 +61,32 @@ class LlamaModel:
         slots = kv_slots(s.swa_layers, s.sliding_window, ctx, self.max_batch)
         return self.be.alloc_kv(mem, slots, ctx, s.n_kv_heads, s.head_dim)
 
-    def forward(self, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
+    def forward(self, ids, cache: KVCache, all_logits: bool = False, positions=None):
         """Run tokens `ids` at positions cache.n_tokens.. and append them to the cache.
-        Returns logits (n, vocab) for every position if all_logits, else (1, vocab) for the last."""
+        Returns logits (n, vocab) for every position if all_logits, else (1, vocab) for the last.
+        `positions` (a backend array) replaces the computed ones when a graph is being captured."""
         s, be = self.spec, self.be
         n = len(ids)
-        positions = np.arange(cache.n_tokens, cache.n_tokens + n, dtype=np.int64)
-        if positions[-1] >= cache.ctx or n > self.max_batch:
+        if cache.n_tokens + n > cache.ctx or n > self.max_batch:
             raise ValueError(f"{n} tokens at position {cache.n_tokens}: past the context of {cache.ctx} "
                              f"or the batch of {self.max_batch}")
-        x = be.embed(ids, self.w["token_embd.weight"])
-        if s.embed_scale != 1.0:
-            x = x * np.float32(s.embed_scale)
-        for i in range(s.n_layers):
-            x = self.layer(i, x, positions, cache)
-        cache.n_tokens += n
-        if not all_logits:
-            x = x[-1:]
-        x = be.rmsnorm(x, self.w["output_norm.weight"], s.norm_eps)
-        return be.matmul(x, self.output)
+        with be.scope():
+            if positions is None:
+                positions = be.positions(cache.n_tokens, n)
+            x = be.embed(ids, self.w["token_embd.weight"])
+            if s.embed_scale != 1.0:
+                x = x * np.float32(s.embed_scale)
+            for i in range(s.n_layers):
+                x = self.layer(i, x, positions, cache)
+            cache.n_tokens += n
+            if not all_logits:
+                x = x[-1:]
+            x = be.rmsnorm(x, self.w["output_norm.weight"], s.norm_eps)
+            if x.shape[0] <= LOGITS_ROWS:
+                return be.matmul(x, self.output)
+            # Every position's logits: a vocabulary-wide row block at a time, gathered on the host.
+            return np.concatenate([be.to_host(be.matmul(x[r:r + LOGITS_ROWS], self.output))
+                                   for r in range(0, x.shape[0], LOGITS_ROWS)])
 
     def attention(self, i: int, x, positions, cache: KVCache):
         """Project, rope, cache and attend; returns the attention output before attn_output."""

@@ -1,0 +1,306 @@
+"""The CUDA backend: the op set with CuPy, the project's kernels and cuBLAS.
+
+Memory: every long-lived buffer comes from the pool's allocator (weights, w16, kv, and one
+scratch arena per model); a forward pass's temporaries come from a per-model CuPy MemoryPool
+whose only source is that arena, so a pass can never take more than its model reserved.
+Decode of one token runs as a CUDA graph per (model, cache), captured on first use: the project's
+own kernels only (CuPy refuses cuBLAS inside capture), positions read from a device buffer.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import cupy as cp
+import numpy as np
+
+from minferd.backend.base import Backend, KVCache, Weight
+from minferd.kernels import module
+from minferd.kernels.dequant import dequant_f16, dequant_rows
+from minferd.kernels.dequant_ref import dequantize
+from minferd.kernels.mmvq import mmvq
+from minferd.kernels.quant import QuantType, row_bytes
+
+from minferd.devices import DEQUANT_ROWS
+
+MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
+DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid keeps graphs valid)
+
+
+def _ops():
+    return module("ops")
+
+
+_swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "minferd_swiglu")
+_gelu = cp.ElementwiseKernel(
+    "float32 g, float32 u", "float32 y",
+    "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "minferd_gelu")
+
+
+class DeviceMemory:
+    """The device as the pool sees it: one CuPy MemoryPool with the budget as its hard limit."""
+
+    def __init__(self, device_id: int = 0, limit: int | None = None):
+        self.device_id = device_id
+        self.pool = cp.cuda.MemoryPool()
+        if limit is not None:
+            self.pool.set_limit(size=limit)
+        cp.cuda.set_allocator(self.pool.malloc)
+
+    name = "cuda"
+
+    def empty(self, shape, dtype):
+        return cp.empty(shape, dtype)
+
+    def used_bytes(self) -> int:
+        return self.pool.used_bytes()
+
+
+class Arena:
+    """A model's scratch: one buffer carved front to back into chunks for a private MemoryPool,
+    which keeps and reuses them. A pass that would need more than the arena gets OutOfMemoryError."""
+
+    def __init__(self, buf):
+        self.buf, self.used = buf, 0
+        self.pool = cp.cuda.MemoryPool(self._chunk)
+        self.recording = None  # a list while a graph is captured: its buffers must outlive it
+
+    def _chunk(self, size: int):
+        size = (size + 511) // 512 * 512
+        if self.used + size > self.buf.nbytes:
+            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
+        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
+        self.used += size
+        return cp.cuda.MemoryPointer(mem, 0)
+
+    def malloc(self, size: int):
+        ptr = self.pool.malloc(size)
+        if self.recording is not None:
+            self.recording.append(ptr)
+        return ptr
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    kv_dtype = "f16"
+
+    def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
+        self.memory, self.w16_min_tokens = memory, w16_min_tokens
+        self.arena: Arena | None = None
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs: dict = {}
+
+    # ---- memory --------------------------------------------------------------------------
+    def upload(self, mem, name, qtype: QuantType, shape, raw) -> Weight:
+        w = Weight(name, qtype, tuple(shape), None, mem)
+        if len(shape) == 1 or w.n_rows == 1:
+            host = dequantize(qtype, np.asarray(raw), 1, w.row_elems * w.n_rows)[0]
+            w.data = mem.empty("weights", host.shape, np.float32)
+        else:
+            host = np.ascontiguousarray(raw).reshape(w.n_rows, row_bytes(qtype, w.row_elems))
+            w.data = mem.empty("weights", host.shape, np.uint8)
+        w.data.set(host)
+        return w
+
+    def make_w16(self, w: Weight) -> int:
+        if w.w16 is None:
+            w16 = w.mem.empty("w16", (w.n_rows, w.row_elems), np.float16)
+            dequant_f16(w.qtype, w.data, w16)
+            w.w16 = w16
+        return w.w16.nbytes
+
+    def drop_w16(self, w: Weight) -> int:
+        if w.w16 is None:
+            return 0
+        n = w.w16.nbytes
+        w.mem.release(w.w16)
+        w.w16 = None
+        return n
+
+    def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
+        made = []
+        try:
+            for n in list(slots) * 2:
+                made.append(mem.empty("kv", (n, n_kv_heads, head_dim), np.float16))
+        except BaseException:
+            for a in made:
+                mem.release(a)
+            raise
+        return KVCache(made[:len(slots)], made[len(slots):], tuple(slots), ctx, mem)
+
+    def alloc_scratch(self, mem, nbytes: int) -> None:
+        self._arena_buf = mem.empty("scratch", (nbytes,), np.uint8)
+        self.arena = Arena(self._arena_buf)
+
+    def free_scratch(self, mem) -> None:
+        self.graphs.clear()
+        if self.arena is not None:
+            self.arena.pool.free_all_blocks()
+            mem.release(self._arena_buf)
+            self.arena = self._arena_buf = None
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Temporaries of one pass come from the model's arena, work runs on the model's stream."""
+        with self.stream:
+            if self.arena is None:
+                yield
+            else:
+                with cp.cuda.using_allocator(self.arena.malloc):
+                    yield
+
+    def to_device(self, a):
+        return cp.asarray(a)
+
+    def to_host(self, a):
+        return cp.asnumpy(a, stream=self.stream) if isinstance(a, cp.ndarray) else np.asarray(a)
+
+    def positions(self, start: int, n: int):
+        return cp.arange(start, start + n, dtype=cp.int32)
+
+    # ---- matmul --------------------------------------------------------------------------
+    def matmul(self, x, w: Weight):
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        n = x.shape[0]
+        if n <= MMVQ_MAX_BATCH:
+            out = cp.empty((n, w.n_rows), cp.float32)
+            mmvq(w.qtype, w.data, x, out)
+            return out
+        x16 = x.astype(cp.float16)
+        if w.w16 is not None and n >= self.w16_min_tokens:
+            return cp.matmul(x16, w.w16.T).astype(cp.float32)
+        # No resident copy: dequantize row tiles into a temporary and multiply each (MMQ and
+        # FUSED_B replace this in their own kernels).
+        out = cp.empty((n, w.n_rows), cp.float32)
+        for r0 in range(0, w.n_rows, DEQUANT_ROWS):
+            r1 = min(r0 + DEQUANT_ROWS, w.n_rows)
+            tile = cp.empty((r1 - r0, w.row_elems), cp.float16)
+            dequant_f16(w.qtype, w.data[r0:r1], tile)
+            out[:, r0:r1] = cp.matmul(x16, tile.T)
+        return out
+
+    def embed(self, ids, w: Weight):
+        ids = cp.asarray(ids, dtype=cp.int32)
+        out = cp.empty((ids.shape[0], w.row_elems), cp.float32)
+        dequant_rows(w.qtype, w.data, ids, out)
+        return out
+
+    # ---- small ops -----------------------------------------------------------------------
+    def rmsnorm(self, x, weight: Weight, eps):
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        d = x.shape[-1]
+        out = cp.empty_like(x)
+        _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps)))
+        return out
+
+    def rope(self, x, positions, base, scale, neox, freq_factors=None):
+        x = cp.array(x, dtype=cp.float32, order="C")  # rotated in place: take a copy
+        n, h, d = x.shape
+        total = n * h * (d // 2)
+        ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
+        _ops().get_function("rope_f32")(((total + 255) // 256,), (256,),
+                                        (x, positions, np.int32(n), np.int32(h), np.int32(d), np.float32(base),
+                                         np.float32(scale), np.int32(neox), ff))
+        return x
+
+    def kv_write(self, cache: KVCache, layer, positions, k, v):
+        k = cp.ascontiguousarray(k, dtype=cp.float32)
+        v = cp.ascontiguousarray(v, dtype=cp.float32)
+        n, row = k.shape[0], k.shape[1] * k.shape[2]
+        _ops().get_function("kv_write_f16")((((n * row) + 255) // 256,), (256,),
+                                            (k, v, cache.k[layer], cache.v[layer], positions, np.int32(n),
+                                             np.int32(row), np.int32(cache.slots[layer])))
+
+    def attention(self, q, cache: KVCache, layer, positions, window, scale):
+        q = cp.ascontiguousarray(q, dtype=cp.float32)
+        n, hq, d = q.shape
+        hkv = cache.k[layer].shape[1]
+        if n == 1:
+            return self._attention_decode(q, cache, layer, positions, window, scale)
+        # Prefill (never captured): host positions are known, cuBLAS does the two products.
+        first, last = int(positions[0]), int(positions[-1])
+        size = cache.slots[layer]
+        lo = max(0, last + 1 - size)
+        if size < last + 1 and size < window + n - 1:
+            raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
+        key_pos = cp.arange(lo, last + 1, dtype=cp.int32)
+        k = cache.k[layer][key_pos % size]  # (L, hkv, d)
+        v = cache.v[layer][key_pos % size]
+        g = hq // hkv
+        q16 = (q * np.float32(scale)).astype(cp.float16).reshape(n, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * n, d)
+        sc = cp.matmul(q16, k.transpose(1, 2, 0))  # (hkv, g*n, L) f16, f32 accumulation
+        L = sc.shape[-1]
+        _ops().get_function("masked_softmax_f16")((hkv * g * n,), (256,),
+                                                  (sc, np.int32(n), np.int32(L), np.int32(first), np.int32(lo),
+                                                   np.int32(window)))
+        o = cp.matmul(sc, v.transpose(1, 0, 2))  # (hkv, g*n, d)
+        return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d).astype(cp.float32)
+
+    def _attention_decode(self, q, cache, layer, positions, window, scale):
+        hq, d = q.shape[1], q.shape[2]
+        if d % 32 or d > 256:
+            raise ValueError(f"decode attention supports head dims that are multiples of 32 up to 256, not {d}")
+        hkv = cache.k[layer].shape[1]
+        part_o = cp.empty((DECODE_SPLITS, hq, d), cp.float32)
+        part_ms = cp.empty((DECODE_SPLITS, hq, 2), cp.float32)
+        f = _ops().get_function("attn_decode_partial")
+        f((DECODE_SPLITS, hq), (128,), (q, cache.k[layer], cache.v[layer], positions, np.int32(cache.slots[layer]),
+                                        np.int32(window), np.float32(scale), np.int32(hq), np.int32(hkv), np.int32(d),
+                                        np.int32(DECODE_SPLITS), part_o, part_ms))
+        out = cp.empty((1, hq * d), cp.float32)
+        _ops().get_function("attn_decode_merge")((hq,), (32,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
+                                                                np.int32(DECODE_SPLITS)))
+        return out
+
+    def swiglu(self, gate, up):
+        return _swiglu(gate, up)
+
+    def gelu_gate(self, gate, up):
+        return _gelu(gate, up)
+
+    # ---- decode as a graph ------------------------------------------------------------------
+    def decode(self, model, token: int, cache: KVCache):
+        """Logits (1, vocab) of one token at position cache.n_tokens, through a captured graph."""
+        key = id(cache)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.graphs[key] = _DecodeGraph(self, model, cache)
+        return g.run(token)
+
+
+class _DecodeGraph:
+    """One decode step captured once: token id and position live in device buffers the step
+    reads, so a replay needs only two tiny copies in and the logits out."""
+
+    def __init__(self, be: CudaBackend, model, cache: KVCache):
+        self.be, self.model, self.cache = be, model, cache
+        self.tok = cp.zeros((1,), cp.int32)
+        self.pos = cp.zeros((1,), cp.int32)
+        self.graph = None
+        self.keep = []
+
+    def run(self, token: int):
+        be, cache = self.be, self.cache
+        host = np.array([token, cache.n_tokens], np.int32)
+        with be.scope():
+            self.tok.set(host[:1], stream=be.stream)
+            self.pos.set(host[1:], stream=be.stream)
+            if self.graph is None:
+                self._capture()
+            self.graph.launch(stream=be.stream)
+        cache.n_tokens += 1
+        return self.logits
+
+    def _capture(self):
+        be, model, cache = self.be, self.model, self.cache
+        n_tokens = cache.n_tokens
+        be.arena.recording = self.keep
+        try:
+            be.stream.begin_capture()
+            try:
+                self.logits = model.forward(self.tok, cache, positions=self.pos)
+            finally:
+                self.graph = be.stream.end_capture()
+        finally:
+            be.arena.recording = None
+            cache.n_tokens = n_tokens  # capture only recorded the step; the launch runs it
