@@ -41,8 +41,16 @@ def _prompt(args, loaded) -> list[int]:
 
 
 def cmd_synth(args) -> int:
-    from minferd.model.synth import write_model
-    types = write_model(args.out, args.arch, args.preset, args.quant, args.seed, args.random_blocks)
+    if args.source:
+        from minferd.model.cut import cut_model
+        from minferd.model.loader import resolve_path
+        types = cut_model(resolve_path(args.source), args.out, args.layers, args.vocab)
+        args.arch, args.preset, args.quant = "cut", f"{args.layers} layers", "as the source"
+    else:
+        from minferd.model.synth import write_model
+        if not args.arch:
+            raise InvalidRequest("--arch is required (or --from a real model)")
+        types = write_model(args.out, args.arch, args.preset, args.quant, args.seed, args.random_blocks)
     if args.json:
         print(json.dumps({"path": args.out, "tensors": types}))
     else:
@@ -111,7 +119,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write a synthetic GGUF model")
     p.add_argument("out")
-    p.add_argument("--arch", required=True, choices=["llama", "qwen2", "qwen3", "gemma3"])
+    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3"])
+    p.add_argument("--from", dest="source", default=None, help="cut a real model down instead (with --layers, --vocab)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--preset", default="tiny")
     p.add_argument("--quant", default="q8_0", help="one of the 13 types (lower case) or q4_k_m")
     p.add_argument("--seed", type=int, default=0)

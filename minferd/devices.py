@@ -43,7 +43,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     widest = max(spec.hidden, spec.ffn, spec.q_dim)
     act = n * (6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32
                + spec.ffn * (3 * f32 + 2 * f16))
-    attn = spec.n_heads * n * ctx * f16 * 2 + 4 * ctx * spec.kv_dim * f16 + n * spec.q_dim * (2 * f16 + 2 * f32)
+    attn = spec.n_heads * n * ctx * f32 + 2 * ctx * spec.kv_dim * (f16 + f32) + n * spec.q_dim * 4 * f32
     tile = DEQUANT_ROWS * widest * f16 + n * DEQUANT_ROWS * (f16 + f32)
     logits = LOGITS_ROWS * spec.n_vocab * (f16 + 2 * f32)
     decode = 64 * spec.hidden * f32 + 32 * spec.q_dim * 2 * f32 + 2 * spec.n_vocab * f32

@@ -179,7 +179,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
                     t = res.timings
                     if self.metrics:
                         self.metrics.request(model, res.prompt_tokens, len(res.token_ids), time.perf_counter() - t0)
-                    yield pb2.GenerateEvent(finish_reason=res.finish_reason, timings=pb2.Timings(
+                    yield pb2.GenerateEvent(token_id=-1, finish_reason=res.finish_reason, timings=pb2.Timings(
                         prompt_tokens=res.prompt_tokens, generated_tokens=len(res.token_ids),
                         prefill_ms=t["prefill_ms"], decode_ms=t["decode_ms"],
                         prefill_tok_s=t["prefill_tok_s"], decode_tok_s=t["decode_tok_s"]))

@@ -52,6 +52,11 @@ class DeviceMemory:
     def empty(self, shape, dtype):
         return cp.empty(shape, dtype)
 
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        """What the pool takes for a request: CuPy rounds blocks up to 512 bytes."""
+        return (nbytes + 511) // 512 * 512
+
     def used_bytes(self) -> int:
         return self.pool.used_bytes()
 
@@ -224,17 +229,18 @@ class CudaBackend(Backend):
         if size < last + 1 and size < window + n - 1:
             raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
         key_pos = cp.arange(lo, last + 1, dtype=cp.int32)
-        k = cache.k[layer][key_pos % size]  # (L, hkv, d)
-        v = cache.v[layer][key_pos % size]
+        k = cache.k[layer][key_pos % size].astype(cp.float32)  # (L, hkv, d)
+        v = cache.v[layer][key_pos % size].astype(cp.float32)
         g = hq // hkv
-        q16 = (q * np.float32(scale)).astype(cp.float16).reshape(n, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * n, d)
-        sc = cp.matmul(q16, k.transpose(1, 2, 0))  # (hkv, g*n, L) f16, f32 accumulation
+        # Scores in f32: q.k of real activations can pass f16's 65504.
+        qg = (q * np.float32(scale)).reshape(n, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * n, d)
+        sc = cp.matmul(qg, k.transpose(1, 2, 0))  # (hkv, g*n, L)
         L = sc.shape[-1]
-        _ops().get_function("masked_softmax_f16")((hkv * g * n,), (256,),
+        _ops().get_function("masked_softmax_f32")((hkv * g * n,), (256,),
                                                   (sc, np.int32(n), np.int32(L), np.int32(first), np.int32(lo),
                                                    np.int32(window)))
         o = cp.matmul(sc, v.transpose(1, 0, 2))  # (hkv, g*n, d)
-        return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d).astype(cp.float32)
+        return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d)
 
     def _attention_decode(self, q, cache, layer, positions, window, scale):
         hq, d = q.shape[1], q.shape[2]
@@ -274,8 +280,9 @@ class _DecodeGraph:
 
     def __init__(self, be: CudaBackend, model, cache: KVCache):
         self.be, self.model, self.cache = be, model, cache
-        self.tok = cp.zeros((1,), cp.int32)
-        self.pos = cp.zeros((1,), cp.int32)
+        with be.scope():  # the input buffers live in the model's arena, like the graph's own
+            self.tok = cp.zeros((1,), cp.int32)
+            self.pos = cp.zeros((1,), cp.int32)
         self.graph = None
         self.keep = []
 

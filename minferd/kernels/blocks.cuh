@@ -35,6 +35,7 @@ enum : int {
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
 };
 
+#ifndef MINFERD_HOST_TEST  // (a host build of these decoders checks them without a GPU)
 __device__ __forceinline__ float h2f(u16 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -45,6 +46,7 @@ __device__ __forceinline__ u16 f2h_rn(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
+#endif
 
 // Loads through the read-only path. The suffix is the alignment the caller guarantees.
 __device__ __forceinline__ u16 ld16(const u8* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }

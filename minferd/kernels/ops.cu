@@ -148,17 +148,17 @@ extern "C" __global__ void attn_decode_merge(const float* __restrict__ part_o, c
     }
 }
 
-// Prefill attention: masked softmax over f16 scores (rows, L) in place, one block per row.
+// Prefill attention: masked softmax over f32 scores (rows, L) in place, one block per row.
 // Row r is query i = r % n at position q0 + i; column j is the key at position k0 + j.
-extern "C" __global__ void masked_softmax_f16(__half* __restrict__ sc, int n, int L, int q0, int k0, int window) {
+extern "C" __global__ void masked_softmax_f32(float* __restrict__ sc, int n, int L, int q0, int k0, int window) {
     long long r = blockIdx.x;
     int qp = q0 + (int)(r % n);
-    __half* row = sc + r * L;
+    float* row = sc + r * L;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < L; j += blockDim.x) {
         int kp = k0 + j;
         bool ok = kp <= qp && (window == 0 || qp - kp < window);
-        if (ok) mx = fmaxf(mx, __half2float(row[j]));
+        if (ok) mx = fmaxf(mx, row[j]);
     }
     __shared__ float red[32];
     mx = warp_max(mx);
@@ -175,12 +175,12 @@ extern "C" __global__ void masked_softmax_f16(__half* __restrict__ sc, int n, in
     for (int j = threadIdx.x; j < L; j += blockDim.x) {
         int kp = k0 + j;
         bool ok = kp <= qp && (window == 0 || qp - kp < window);
-        s += ok ? __expf(__half2float(row[j]) - mx) : 0.f;
+        s += ok ? __expf(row[j] - mx) : 0.f;
     }
     float inv = 1.0f / block_sum(s);
     for (int j = threadIdx.x; j < L; j += blockDim.x) {
         int kp = k0 + j;
         bool ok = kp <= qp && (window == 0 || qp - kp < window);
-        row[j] = __float2half_rn(ok ? __expf(__half2float(row[j]) - mx) * inv : 0.f);
+        row[j] = ok ? __expf(row[j] - mx) * inv : 0.f;
     }
 }

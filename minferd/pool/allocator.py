@@ -36,6 +36,7 @@ class Allocator:
     def empty(self, model: str, kind: str, shape, dtype):
         import numpy as np
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = self.device.rounded(nbytes) if hasattr(self.device, "rounded") else nbytes
         self.ledger.charge(model, kind, nbytes)
         self.allocations += 1
         try:
