@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             ts = fn(lm, n, args.r)
             rows.append({"model": lm.file.path.name, "path": path, "test": name,
                          "tok_s_median": statistics.median(ts), "tok_s_min": min(ts), "tok_s_max": max(ts),
-                         "load_ms": lm.load_ms, "bytes": mem, "threads": lm.model.be.threads})
+                         "load_ms": lm.load_ms, "bytes": mem, "threads": getattr(lm.model.be, "threads", None)})
             r = rows[-1]
             print(f"| {r['model']} | {path:7s} | {name:6s} | {r['tok_s_median']:9.2f} "
                   f"({r['tok_s_min']:.2f}..{r['tok_s_max']:.2f}) | load {lm.load_ms:7.0f} ms | "

@@ -78,6 +78,12 @@ class Arena:
         self.used += size
         return cp.cuda.MemoryPointer(mem, 0)
 
+    def close(self) -> None:
+        """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
+        rather than whenever the garbage collector runs."""
+        self.pool.free_all_blocks()
+        self.pool = self.buf = self.recording = None
+
     def malloc(self, size: int):
         ptr = self.pool.malloc(size)
         if self.recording is not None:
@@ -140,7 +146,7 @@ class CudaBackend(Backend):
     def free_scratch(self, mem) -> None:
         self.graphs.clear()
         if self.arena is not None:
-            self.arena.pool.free_all_blocks()
+            self.arena.close()
             mem.release(self._arena_buf)
             self.arena = self._arena_buf = None
 

@@ -1,7 +1,7 @@
 """Launchers of mmvq.cu: out (n, rows) = x (n, K) @ dequant(W).T for decode batches n <= 8.
 
-Quantized W: x is first rounded to int8 per 32 elements (`quantize_x`, into a small scratch
-buffer), then one kernel streams W's blocks once for all n columns with dp4a; float W
+Quantized W: x is first split per 32 elements into a scale and two int8 planes
+(x = d*(hi + lo/254), `quantize_x`, into a small scratch buffer), then one kernel streams W's blocks once for all n columns with dp4a; float W
 (F32/F16/BF16) takes an f32 kernel. Both enqueue on the current (or given) stream and never
 synchronise or read the device from the host, so they can be captured in a CUDA graph. The
 one allocation is the scratch for x's int8 copy: pass `scratch` (uint8, at least
@@ -12,8 +12,9 @@ pool that does not call cudaMalloc, as the CUDA backend's arena).
 `x_quantized=True` reuses the scratch as the last call with the same x left it, so q/k/v
 (or gate/up), which share their input, quantize it once.
 
-Kernel shapes (warps per CTA, rows per warp, units in flight per lane) are per type and
-batch bucket in CONFIGS, chosen from bench/kernels.py's sweep on the H200.
+Kernel shapes (warps per CTA, warps splitting K, rows per warp group, units in flight per
+lane) are per type, batch bucket and shape class in CONFIGS, chosen from bench/kernels.py's
+sweep on the H200.
 """
 from __future__ import annotations
 
@@ -29,14 +30,43 @@ from .quant import TYPES, QuantType, by_name
 NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
 MAX_COLS = NC_BUCKETS[-1]
 FLOAT_TYPES = ("F32", "F16", "BF16")
-QUANT_TYPES = tuple(n for n in TYPES if n not in FLOAT_TYPES)
 
-# (warps per CTA, rows per warp, units in flight per lane), by type, for n == 1 and n > 1.
-_DEFAULT_1 = (4, 1, 4)
-_DEFAULT_N = (4, 1, 2)
-CONFIGS: dict[str, dict[int, tuple[int, int, int]]] = {
-    name: {1: _DEFAULT_1, 2: _DEFAULT_N, 4: _DEFAULT_N, 8: _DEFAULT_N} for name in QUANT_TYPES
+# Kernel shape (warps per CTA, warps splitting one row's K, rows per warp group, units in
+# flight per lane) by type, batch bucket and shape class (see shape_class). From the sweep on
+# the H200 (bench/kernels.py --sweep): two rows per warp group wins almost everywhere (each x
+# load serves both rows: x, 2 bytes per element per column, is most of the L1 traffic), and
+# splitting K over more warps pays where rows are few or K is long.
+Config = tuple[int, int, int, int]
+CLASSES = ("few", "mid", "wide", "tall", "huge")
+_BASE: dict[int, dict[str, Config]] = {
+    1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
+    8: {"few": (8, 8, 1, 1), "mid": (4, 1, 2, 1), "wide": (4, 1, 2, 1), "tall": (4, 1, 2, 1), "huge": (4, 1, 2, 1)},
 }
+_OVERRIDES: dict[tuple[str, int, str], Config] = {
+    ("Q8_0", 1, "wide"): (4, 4, 1, 2), ("Q5_0", 1, "wide"): (8, 8, 1, 1), ("Q4_0", 1, "wide"): (8, 8, 1, 1),
+    ("Q6_K", 8, "wide"): (4, 1, 1, 1), ("Q8_0", 8, "wide"): (4, 4, 1, 1), ("Q5_0", 8, "wide"): (8, 8, 1, 1),
+    ("Q4_0", 8, "wide"): (8, 8, 1, 1), ("Q8_0", 8, "mid"): (4, 4, 1, 1),
+}
+QUANT_TYPES = tuple(n for n in TYPES if n not in FLOAT_TYPES)
+CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
+    name: {nc: {cls: _OVERRIDES.get((name, 1 if nc == 1 else 8, cls), _BASE[1 if nc == 1 else 8][cls])
+                for cls in CLASSES} for nc in NC_BUCKETS} for name in QUANT_TYPES
+}
+# The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
+SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),
+                             (4, 4, 1, 1), (4, 4, 1, 2), (8, 8, 1, 1), (4, 1, 4, 1), (4, 2, 4, 1), (4, 4, 2, 1))
+SWEEP_N: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 4, 1, 1), (8, 4, 1, 1), (8, 8, 1, 1), (4, 1, 4, 1),
+                               (4, 2, 2, 1), (4, 4, 2, 1))
+
+
+def shape_class(rows: int, K: int) -> str:
+    """few: k/v projections (512 rows cannot fill the GPU); mid: 3584-row squares; wide:
+    ffn_down (long K, few rows); tall: gate/up; huge: the output / embedding matrix."""
+    if rows <= 1024:
+        return "few"
+    if rows < 8192:
+        return "wide" if K >= 8192 else "mid"
+    return "tall" if rows < 65536 else "huge"
 
 
 def _qt(qt) -> QuantType:
@@ -50,11 +80,9 @@ def bucket(n: int) -> int:
     raise ValueError(f"mmvq: batch of {n} columns, at most {MAX_COLS}")
 
 
-def kernel_name(qt: QuantType, nc: int, cfg: tuple[int, int, int] | None = None) -> str:
-    if qt.name in FLOAT_TYPES:
-        raise ValueError("float types have no (warps, rows, units) config")
-    nw, r, unr = cfg or CONFIGS[qt.name][nc]
-    return f"mmvq<{qt.ggml_id}, {nc}, {nw}, {r}, {unr}>"
+def kernel_name(qt: QuantType, nc: int, cfg: Config) -> str:
+    nw, kw, r, unr = cfg
+    return f"mmvq<{qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
 
 
 def _float_name(qt: QuantType, nc: int, vec: int) -> str:
@@ -64,7 +92,7 @@ def _float_name(qt: QuantType, nc: int, vec: int) -> str:
 def _default_names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
-        names += [kernel_name(TYPES[name], nc) for nc in NC_BUCKETS]
+        names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
     return tuple(dict.fromkeys(names))
@@ -74,12 +102,19 @@ _extra_names: tuple[str, ...] = ()
 
 
 def add_configs(configs) -> None:
-    """Compile extra (type name, n bucket, (warps, rows, units)) variants into the module
-    (bench/kernels.py's sweep); call before the first launch that needs them."""
+    """Compile extra (type name, n bucket, config) variants into the module; call before the
+    first launch that needs them."""
     global _extra_names
     names = tuple(kernel_name(TYPES[t], nc, cfg) for t, nc, cfg in configs)
     _extra_names = tuple(dict.fromkeys(_extra_names + names))
     _fn.cache_clear()
+
+
+def add_sweep() -> None:
+    """Every SWEEP variant at n = 1 and SWEEP_N at n = 8, for every quantized type, in one
+    fixed order (bench and tests then share one compiled module and its disk cache)."""
+    add_configs([(t, 1, cfg) for t in QUANT_TYPES for cfg in SWEEP] +
+                [(t, 8, cfg) for t in QUANT_TYPES for cfg in SWEEP_N])
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,10 +128,11 @@ def _round_up(a: int, b: int) -> int:
 
 
 def _layout(n: int, K: int) -> tuple[int, int, int]:
-    """(xds offset, xds row stride in blocks, total bytes) of the scratch: xq int8 (n, K),
-    then (d, sum) f32 pairs (n, kbp), kbp a multiple of 4 so rows stay 32-byte aligned."""
+    """(xds offset, xds row stride in blocks, total bytes) of the scratch: xq int8 (n, 2, K)
+    (hi and lo planes), then (d, sum) f32 pairs (n, kbp), kbp a multiple of 4 so rows stay
+    32-byte aligned."""
     kbp = _round_up(K // 32, 4)
-    off = _round_up(n * K, 256)
+    off = _round_up(2 * n * K, 256)
     return off, kbp, off + n * kbp * 8
 
 
@@ -125,7 +161,7 @@ def _stream(stream):
 
 
 def quantize_x(x, scratch, *, stream=None) -> None:
-    """x (n, K) f32 -> scratch: int8 per 32 elements with (d, exact sum) per block."""
+    """x (n, K) f32 -> scratch: per 32 elements (d, exact sum) and int8 hi/lo planes."""
     _check_x(x)
     n, K = x.shape
     if K % 32:
@@ -143,7 +179,7 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
 
     qt: QuantType or name; w: cupy uint8 (rows, row_bytes) (C-contiguous or a row slice);
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
-    config: (warps, rows, units) override of CONFIGS (bench sweeps)."""
+    config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs)."""
     qt = _qt(qt)
     _check_x(x)
     n, K = x.shape
@@ -171,10 +207,12 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     else:
         _check_scratch(scratch, n, K)
     off, kbp, _ = _layout(n, K)
-    nw, r, unr = config or CONFIGS[qt.name][nc]
+    cfg = config or CONFIGS[qt.name][nc][shape_class(rows, K)]
+    nw, kw, r, _ = cfg
+    per_cta = nw // kw * r
     p = scratch.data.ptr
     with _stream(stream):
-        _fn(kernel_name(qt, nc, (nw, r, unr)))(
-            ((rows + nw * r - 1) // (nw * r),), (nw * 32,),
+        _fn(kernel_name(qt, nc, cfg))(
+            ((rows + per_cta - 1) // per_cta,), (nw * 32,),
             (w, np.int64(rb), np.int32(rows), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
              np.int32(K), np.int32(kbp), np.int32(n), out))

@@ -4,6 +4,9 @@
 #include <cuda_fp16.h>
 
 #define WARP 32
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)  // NVRTC has no math.h
+#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);

@@ -1,0 +1,59 @@
+"""tests/cuda run only where CuPy and a CUDA device are there; elsewhere every test here skips.
+
+A skip raised while importing a conftest is a collection error in pytest, so the check lives
+in a hook: each test module starts with `pytest.importorskip("cupy")` (never importing CuPy
+where it is missing), and where CuPy imports but no device answers, every item of this folder
+gets a skip mark. Helpers shared by the kernel tests live here too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _no_gpu_reason() -> str | None:
+    try:
+        import cupy
+    except ImportError as e:
+        return f"CuPy missing: {e}"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device, a broken install
+        return f"no CUDA device: {e}"
+    return None if n > 0 else "no CUDA device"
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _no_gpu_reason()
+    if reason is None:
+        return
+    mark = pytest.mark.skip(reason=reason)
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(mark)
+
+
+@pytest.fixture
+def to_device():
+    """to_device(host uint8 rows, offset=0) -> device copy `offset` bytes into a 256-aligned buffer."""
+    return aligned_copy
+
+
+def aligned_copy(host: np.ndarray, offset: int = 0):
+    """A device copy of uint8 host rows placed `offset` bytes into a 256-aligned allocation,
+    so a test chooses the alignment the kernel sees (a tensor that starts on an odd block)."""
+    import cupy
+    raw = np.ascontiguousarray(host, dtype=np.uint8)
+    buf = cupy.empty(raw.nbytes + offset, cupy.uint8)
+    dev = buf[offset:].reshape(raw.shape)
+    dev.set(raw)
+    return dev
+
+
+def poisoned(shape, dtype):
+    """An output filled with NaN: an element the kernel forgets to write fails the comparison."""
+    import cupy
+    return cupy.full(shape, np.nan, dtype)
