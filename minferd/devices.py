@@ -19,6 +19,7 @@ class MatmulPath(str, enum.Enum):
     FUSED_B = "fused_b"  # dequantize weight tiles inside the GEMM
 
 
+CUDA_MAX_BATCH = 2048
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
 DEQUANT_ROWS = 4096  # rows per temporary f16 tile when a model without W16 prefills through cuBLAS
 
@@ -30,9 +31,12 @@ class DeviceTraits:
     path_types: dict  # MatmulPath -> frozenset of type names the path's kernels cover
     scratch_fixed: int = 0  # bytes of scratch whatever the model (the CPU's dequant buffers)
     default_headroom: int = 0
+    max_batch: int = 512  # tokens per forward pass: sizes sliding-window rings and scratch
 
-    def scratch_bytes(self, spec, ctx: int, max_batch: int) -> int:
-        return self.scratch_fixed if self.kind == "cpu" else cuda_scratch_bytes(spec, ctx, max_batch)
+    def scratch_bytes(self, spec, ctx: int, max_batch: int | None = None) -> int:
+        if self.kind == "cpu":
+            return self.scratch_fixed
+        return cuda_scratch_bytes(spec, ctx, max_batch or self.max_batch)
 
 
 def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
@@ -59,4 +63,5 @@ def cpu_traits(threads: int) -> DeviceTraits:
 def cuda_traits() -> DeviceTraits:
     # Int8 MMQ kernels exist for the quantized types only: float weights go through FUSED_B.
     paths = {MatmulPath.W16: ALL_TYPES, MatmulPath.MMQ: QUANT_TYPES, MatmulPath.FUSED_B: ALL_TYPES}
-    return DeviceTraits("cuda", 2, paths, default_headroom=1 << 30)
+    # Big prefill batches: each pass costs Python a few hundred launches, so fewer, larger passes.
+    return DeviceTraits("cuda", 2, paths, default_headroom=1 << 30, max_batch=CUDA_MAX_BATCH)

@@ -71,6 +71,7 @@ class Backend(ABC):
     name: str
     memory: object  # the device's raw memory: empty(shape, dtype), used_bytes()
     kv_dtype: str  # "f32" | "f16"
+    max_batch: int = 512  # tokens per forward pass (the device traits' max_batch)
 
     def untracked(self) -> Untracked:
         return Untracked(self.memory)

@@ -21,7 +21,7 @@ from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.mmvq import mmvq
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import DEQUANT_ROWS
+from minferd.devices import CUDA_MAX_BATCH, DEQUANT_ROWS
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
 DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid keeps graphs valid)
@@ -94,6 +94,7 @@ class Arena:
 class CudaBackend(Backend):
     name = "cuda"
     kv_dtype = "f16"
+    max_batch = CUDA_MAX_BATCH
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
@@ -205,7 +206,8 @@ class CudaBackend(Backend):
         return out
 
     def rope(self, x, positions, base, scale, neox, freq_factors=None):
-        x = cp.array(x, dtype=cp.float32, order="C")  # rotated in place: take a copy
+        # Rotated in place: q and k are fresh temporaries of this pass, nothing else reads them.
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, h, d = x.shape
         total = n * h * (d // 2)
         ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)

@@ -11,8 +11,8 @@
 // Unlike llama.cpp, x is kept as TWO int8 planes, x = d*(hi + lo/254): one plane alone
 // (llama.cpp's q8_1) leaves ~0.5% relative error per product on Gaussian x, measured on the
 // host twin of these units, 1.4% on short rows: too close to the 1e-2 the tests allow and
-// it compounds over layers. Two planes cost a second dp4a chain per unit (cheap at n = 1:
-// the integer pipes stay far from busy) and bring the error to ~1e-5.
+// it compounds over layers. Two planes cost a second dp4a chain and a second x load per
+// unit and bring the error to ~1e-5.
 //
 // Work split: a group of KW warps per R rows; lanes walk the row in "units" (a fixed slice
 // of one block: U units per block, U a power of two, so neighbouring lanes read neighbouring
@@ -23,7 +23,12 @@
 // UNR = 1). A unit's weights are decoded once into int8x4 registers and reused for every
 // column. Partial sums are reduced with warp shuffles (and shared memory across the KW
 // warps). The best (NW, KW, R, UNR) depends on the shape: mmvq.py's CONFIGS, from the sweep
-// in bench/kernels.py.
+// in bench/kernels.py. Measured on the H200 at Qwen2.5-7B's shapes, n = 1: Q4_K 59-82% of
+// the 4.3 TB/s copy ceiling on the big matrices (gate/up, down, output), ~37% on 3584^2 and
+// ~10% on the 1 MB k/v matrices (a few microseconds: launch and latency, not bandwidth).
+// n = 8 is 3-4x slower than n = 1, not 8x, but only 15-35% of HBM: it is bound by x traffic
+// through L1 (2 planes x 8 columns = 16 bytes of x per weight element); staging x once per
+// CTA in shared memory for more rows is the next step if batched decode matters.
 //
 // Loads are as wide as the block's guaranteed alignment allows (blocks.cuh has the table):
 // Q4_K/Q5_K get 16-byte loads, the 2-aligned types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K) read u16

@@ -32,25 +32,40 @@ MAX_COLS = NC_BUCKETS[-1]
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 # Kernel shape (warps per CTA, warps splitting one row's K, rows per warp group, units in
-# flight per lane) by type, batch bucket and shape class (see shape_class). From the sweep on
-# the H200 (bench/kernels.py --sweep): two rows per warp group wins almost everywhere (each x
-# load serves both rows: x, 2 bytes per element per column, is most of the L1 traffic), and
-# splitting K over more warps pays where rows are few or K is long.
+# flight per lane) by type, batch (1, or 2..8: the n = 8 column) and shape class (see
+# shape_class): the fastest variant of bench/kernels.py --sweep on the H200 (2026-11-29, each
+# one checked by tests/cuda/test_mmvq.py::test_mmvq_every_config in the same run). What the
+# sweep showed: 2-4 rows per warp group win where rows are many (one x load serves them all:
+# x, 2 bytes per element per column, is most of the L1 traffic); splitting K over 2-8 warps
+# wins where rows are few (k/v: 512 rows cannot fill 132 SMs) or K is long (ffn_down);
+# more than one unit in flight per lane rarely pays once warps are plentiful.
 Config = tuple[int, int, int, int]
 CLASSES = ("few", "mid", "wide", "tall", "huge")
-_BASE: dict[int, dict[str, Config]] = {
-    1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
-    8: {"few": (8, 8, 1, 1), "mid": (4, 1, 2, 1), "wide": (4, 1, 2, 1), "tall": (4, 1, 2, 1), "huge": (4, 1, 2, 1)},
-}
-_OVERRIDES: dict[tuple[str, int, str], Config] = {
-    ("Q8_0", 1, "wide"): (4, 4, 1, 2), ("Q5_0", 1, "wide"): (8, 8, 1, 1), ("Q4_0", 1, "wide"): (8, 8, 1, 1),
-    ("Q6_K", 8, "wide"): (4, 1, 1, 1), ("Q8_0", 8, "wide"): (4, 4, 1, 1), ("Q5_0", 8, "wide"): (8, 8, 1, 1),
-    ("Q4_0", 8, "wide"): (8, 8, 1, 1), ("Q8_0", 8, "mid"): (4, 4, 1, 1),
-}
 QUANT_TYPES = tuple(n for n in TYPES if n not in FLOAT_TYPES)
+_MEASURED: dict[str, dict[int, dict[str, Config]]] = {
+    "Q4_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q4_1": {1: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q5_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (8, 8, 1, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
+             8: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q5_1": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 1, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 2, 2, 1)}},
+    "Q8_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 1, 2), "tall": (4, 4, 2, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (8, 8, 1, 1), "tall": (4, 4, 2, 1), "huge": (4, 2, 2, 1)}},
+    "Q2_K": {1: {"few": (4, 4, 2, 1), "mid": (4, 2, 4, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (4, 4, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q3_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q4_K": {1: {"few": (4, 4, 2, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 4, 1)},
+             8: {"few": (4, 4, 2, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 4, 1)}},
+    "Q5_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
+             8: {"few": (4, 4, 2, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+    "Q6_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)},
+             8: {"few": (8, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
+}
 CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
-    name: {nc: {cls: _OVERRIDES.get((name, 1 if nc == 1 else 8, cls), _BASE[1 if nc == 1 else 8][cls])
-                for cls in CLASSES} for nc in NC_BUCKETS} for name in QUANT_TYPES
+    name: {nc: _MEASURED[name][1 if nc == 1 else 8] for nc in NC_BUCKETS} for name in QUANT_TYPES
 }
 # The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
 SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),

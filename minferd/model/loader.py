@@ -124,7 +124,7 @@ def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None 
     weights = upload_weights(mf, backend, mem, MatmulPath(matmul_path))
     model = build_model(mf, backend, weights)
     ctx = ctx or min(mf.spec.ctx_train, 4096)
-    backend.alloc_scratch(mem, traits.scratch_bytes(mf.spec, ctx, model.max_batch))
+    backend.alloc_scratch(mem, traits.scratch_bytes(mf.spec, ctx))
     return LocalModel(model, tokenizer, mf.spec, mf, (time.perf_counter() - t0) * 1e3)
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from minferd.backend.base import kv_slots
 from minferd.devices import DeviceTraits
-from minferd.model.arch.llama import MATMUL, VECTOR, LlamaModel
+from minferd.model.arch.llama import MATMUL, VECTOR
 from minferd.model.loader import ModelFile
 
 VECTOR_ELEM_BYTES = 4  # norms and biases are held as f32 on every backend
@@ -28,7 +28,7 @@ class Estimate:
         return {"weights": self.weights, "w16": self.w16 if with_w16 else 0, "kv": self.kv, "scratch": self.scratch}
 
 
-def kv_bytes(mf: ModelFile, ctx: int, elem_bytes: int, max_batch: int = LlamaModel.max_batch) -> int:
+def kv_bytes(mf: ModelFile, ctx: int, elem_bytes: int, max_batch: int) -> int:
     s = mf.spec
     slots = kv_slots(s.swa_layers, s.sliding_window, ctx, max_batch)
     return sum(slots) * s.kv_dim * 2 * elem_bytes
@@ -43,5 +43,6 @@ def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int) -> Estimate:
             w16 += 2 * t.n_elems
             mm_bytes += t.n_bytes
             types.add(t.qtype.name)
-    scratch = traits.scratch_bytes(mf.spec, ctx, LlamaModel.max_batch)
-    return Estimate(weights, w16, kv_bytes(mf, ctx, traits.kv_elem_bytes), scratch, mm_bytes, frozenset(types), ctx)
+    scratch = traits.scratch_bytes(mf.spec, ctx, traits.max_batch)
+    kv = kv_bytes(mf, ctx, traits.kv_elem_bytes, traits.max_batch)
+    return Estimate(weights, w16, kv, scratch, mm_bytes, frozenset(types), ctx)

@@ -17,10 +17,9 @@ MATMUL, EMBED, VECTOR = "matmul", "embed", "vector"
 
 
 class LlamaModel:
-    max_batch = 512  # tokens per forward call: sizes the sliding-window rings and the scratch
-
     def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
         self.spec, self.w, self.be = spec, weights, backend
+        self.max_batch = backend.max_batch  # tokens per forward call: sizes rings and scratch
         self.output = weights.get("output.weight") or weights["token_embd.weight"]
         ff = weights.get("rope_freqs.weight")
         self.freq_factors = None if ff is None else ff.data
