@@ -61,6 +61,19 @@ class KVCache:
     n_tokens: int = 0  # positions [0, n_tokens) have been written
 
 
+def allocate_all(mem, kind: str, shapes, dtype) -> list:
+    """One buffer per shape from `mem`, or none at all: a failure part-way releases the others."""
+    made = []
+    try:
+        for shape in shapes:
+            made.append(mem.empty(kind, shape, dtype))
+    except BaseException:
+        for a in made:
+            mem.release(a)
+        raise
+    return made
+
+
 def kv_slots(swa_layers, window: int, ctx: int, max_batch: int) -> tuple[int, ...]:
     """Slots per layer: the context for global layers; for sliding-window layers the window plus
     one batch (a batch's first query still needs window-1 keys before it), capped at the context."""
@@ -97,9 +110,14 @@ class Backend(ABC):
     def make_w16(self, w: Weight) -> int:
         """Build the resident f16 copy of a matmul weight (from w.mem); returns its bytes."""
 
-    @abstractmethod
     def drop_w16(self, w: Weight) -> int:
         """Free the f16 copy; returns the bytes freed."""
+        if w.w16 is None:
+            return 0
+        n = w.w16.nbytes
+        w.mem.release(w.w16)
+        w.w16 = None
+        return n
 
     @abstractmethod
     def alloc_kv(self, mem, slots: tuple[int, ...], ctx: int, n_kv_heads: int, head_dim: int) -> KVCache: ...

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
@@ -55,18 +55,6 @@ def scratch_bytes(threads: int) -> int:
     return threads * BLOCK_ELEMS * 4
 
 
-def _all_or_nothing(mem, kind: str, shapes, dtype) -> list:
-    made = []
-    try:
-        for shape in shapes:
-            made.append(mem.empty(kind, shape, dtype))
-    except BaseException:
-        for a in made:
-            mem.release(a)
-        raise
-    return made
-
-
 class CpuBackend(Backend):
     name = "cpu"
     kv_dtype = "f32"
@@ -96,23 +84,15 @@ class CpuBackend(Backend):
             w.w16 = w16
         return w.w16.nbytes
 
-    def drop_w16(self, w: Weight) -> int:
-        if w.w16 is None:
-            return 0
-        n = w.w16.nbytes
-        w.mem.release(w.w16)
-        w.w16 = None
-        return n
-
     def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
         shapes = [(n, n_kv_heads, head_dim) for n in slots]
-        arrays = _all_or_nothing(mem, "kv", shapes * 2, np.float32)
+        arrays = allocate_all(mem, "kv", shapes * 2, np.float32)
         return KVCache(arrays[:len(slots)], arrays[len(slots):], tuple(slots), ctx, mem)
 
     def alloc_scratch(self, mem, nbytes: int | None = None) -> None:
         """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch;
         their size is scratch_bytes(threads), which the planner's estimate already says)."""
-        bufs = _all_or_nothing(mem, "scratch", [(BLOCK_ELEMS,)] * self.threads, np.float32)
+        bufs = allocate_all(mem, "scratch", [(BLOCK_ELEMS,)] * self.threads, np.float32)
         self._scratch = queue.SimpleQueue()
         for b in bufs:
             self._scratch.put(b)

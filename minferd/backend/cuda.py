@@ -14,7 +14,7 @@ import math
 import cupy as cp
 import numpy as np
 
-from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.kernels import module
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
@@ -121,23 +121,8 @@ class CudaBackend(Backend):
             w.w16 = w16
         return w.w16.nbytes
 
-    def drop_w16(self, w: Weight) -> int:
-        if w.w16 is None:
-            return 0
-        n = w.w16.nbytes
-        w.mem.release(w.w16)
-        w.w16 = None
-        return n
-
     def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
-        made = []
-        try:
-            for n in list(slots) * 2:
-                made.append(mem.empty("kv", (n, n_kv_heads, head_dim), np.float16))
-        except BaseException:
-            for a in made:
-                mem.release(a)
-            raise
+        made = allocate_all(mem, "kv", [(n, n_kv_heads, head_dim) for n in slots] * 2, np.float16)
         return KVCache(made[:len(slots)], made[len(slots):], tuple(slots), ctx, mem)
 
     def alloc_scratch(self, mem, nbytes: int) -> None:
