@@ -197,3 +197,49 @@ def test_restart_after_sigkill(tmp_path, models):
         assert d2.status().pool.used_bytes == 0
     finally:
         assert d2.stop() == 0
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls(tmp_path, models):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    port = _free_port()
+    d = Daemon(tmp_path, "--models-dir", models, "--tls-cert", cert, "--tls-key", key, listen=f"127.0.0.1:{port}")
+    try:
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        ch = grpc.secure_channel(f"localhost:{port}", creds)
+        from minferd._proto import pb2_grpc
+        assert pb2_grpc.MinferdStub(ch).GetStatus(pb2.GetStatusRequest(), timeout=30).pool.device == "cpu"
+        plain = pb2_grpc.MinferdStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        assert code_of(lambda: plain.GetStatus(pb2.GetStatusRequest(), timeout=5))[0] == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert d.stop() == 0
+
+
+def test_metrics(tmp_path, models):
+    import urllib.request
+    port = _free_port()
+    d = Daemon(tmp_path, "--models-dir", models, "--metrics-port", port, "--threads", "1")
+    try:
+        d.load("qwen2.gguf", "m", ctx=64)
+        list(d.stub().Generate(pb2.GenerateRequest(model="m", ids=pb2.TokenIds(ids=[300]),
+                                                   sampling=pb2.SamplingParams(max_tokens=3))))
+        code_of(lambda: d.stub().UnloadModel(pb2.UnloadModelRequest(name="nope")))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        import re
+        scraped = float(re.search(r'minferd_pool_bytes\{device="cpu",state="used"\} (\S+)', text).group(1))
+        assert scraped == d.status().pool.used_bytes > 0  # the ledger, as status shows it
+        for name in ("minferd_model_bytes{", 'minferd_requests_total{model="m"} 1.0', "minferd_request_seconds_bucket",
+                     'minferd_refusals_total{code="NOT_FOUND"} 1.0', 'minferd_tokens_total{kind="generated",model="m"}'):
+            assert name in text, name
+    finally:
+        assert d.stop() == 0
