@@ -243,3 +243,15 @@ def test_metrics(tmp_path, models):
             assert name in text, name
     finally:
         assert d.stop() == 0
+
+
+def test_preload(tmp_path, models):
+    d = Daemon(tmp_path, "--models-dir", models, "--preload", f"{models / 'qwen2.gguf'}=pre", "--threads", "1")
+    try:
+        (m,) = d.status().models
+        assert m.name == "pre" and m.pinned and m.keep_alive_seconds < 0
+        h = health_pb2_grpc.HealthStub(d.channel())
+        assert h.Check(health_pb2.HealthCheckRequest(service="model/pre")).status == \
+            health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert d.stop() == 0

@@ -1,0 +1,387 @@
+"""A corpus of hostile GGUF files derived from a valid one, each with the words its refusal must say.
+
+`make_corpus(good, out_dir)` parses the good file into a raw, byte-exact form (header, key/value
+records, tensor infos, data section), edits that form (or the bytes themselves) and writes each
+bad variant to out_dir. Nothing goes through gguf.GGUFWriter: the writer refuses most of what a
+hostile file does (n_dims 0, duplicate keys, unknown value types, counts that lie).
+
+Each entry is (path, expected_words): the ModelFileError for that file must contain every word.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# GGUF value types (gguf.GGUFValueType), spelled out: the corpus must not depend on the parser it tests.
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+_SCALAR = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?",
+           U64: "Q", I64: "q", F64: "d"}
+# ggml type ids the loader supports (minferd.kernels.quant); every other id is unknown to it.
+SUPPORTED_TYPE_IDS = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
+TB = 1 << 40
+
+
+# ---- a valid file, raw ------------------------------------------------------------------------
+@dataclass
+class KV:
+    key: bytes
+    vtype: int
+    value: bytes  # the encoded value, exactly as it follows the type id
+
+
+@dataclass
+class TensorInfo:
+    name: bytes
+    dims: list[int]
+    ttype: int
+    offset: int  # relative to the data section
+    n_dims: int | None = None  # written instead of len(dims) when set (a lying count)
+
+
+@dataclass
+class RawGGUF:
+    kvs: list[KV]
+    infos: list[TensorInfo]
+    data: bytes  # the data section (after the alignment padding)
+    alignment: int = 32
+    magic: bytes = b"GGUF"
+    version: int = 3
+    n_tensors: int | None = None  # header counts; None = the true ones
+    n_kv: int | None = None
+
+    def to_bytes(self) -> bytes:
+        out = bytearray(self.magic + struct.pack("<I", self.version))
+        out += struct.pack("<QQ", len(self.infos) if self.n_tensors is None else self.n_tensors,
+                           len(self.kvs) if self.n_kv is None else self.n_kv)
+        for kv in self.kvs:
+            out += enc_str(kv.key) + struct.pack("<I", kv.vtype) + kv.value
+        for t in self.infos:
+            out += enc_str(t.name) + struct.pack("<I", len(t.dims) if t.n_dims is None else t.n_dims)
+            out += b"".join(struct.pack("<Q", d) for d in t.dims) + struct.pack("<IQ", t.ttype, t.offset)
+        out += bytes(-len(out) % self.alignment)
+        return bytes(out + self.data)
+
+    # edits, each returning a copy
+    def kv_index(self, key: str) -> int:
+        return next(i for i, kv in enumerate(self.kvs) if kv.key == key.encode())
+
+    def with_kv(self, key: str, vtype: int, value: bytes) -> "RawGGUF":
+        kvs = list(self.kvs)
+        new = KV(key.encode(), vtype, value)
+        try:
+            kvs[self.kv_index(key)] = new
+        except StopIteration:
+            kvs.append(new)
+        return replace(self, kvs=kvs)
+
+    def without_kv(self, key: str) -> "RawGGUF":
+        return replace(self, kvs=[kv for kv in self.kvs if kv.key != key.encode()])
+
+    def tensor_index(self, name: str) -> int:
+        return next(i for i, t in enumerate(self.infos) if t.name == name.encode())
+
+    def with_tensor(self, which: str, **change) -> "RawGGUF":
+        infos = list(self.infos)
+        i = self.tensor_index(which)
+        infos[i] = replace(infos[i], **change)
+        return replace(self, infos=infos)
+
+    def kv_value(self, key: str):
+        kv = self.kvs[self.kv_index(key)]
+        if kv.vtype == STR:
+            return kv.value[8:].decode()
+        return struct.unpack("<" + _SCALAR[kv.vtype], kv.value)[0]
+
+
+def enc_str(s: bytes | str) -> bytes:
+    s = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(s)) + s
+
+
+def enc(vtype: int, v) -> bytes:
+    return enc_str(v) if vtype == STR else struct.pack("<" + _SCALAR[vtype], v)
+
+
+def enc_array(sub: int, items) -> bytes:
+    return struct.pack("<IQ", sub, len(items)) + b"".join(enc(sub, x) for x in items)
+
+
+def _value_size(buf: bytes, off: int, vtype: int) -> int:
+    if vtype in _SCALAR:
+        return struct.calcsize("<" + _SCALAR[vtype])
+    if vtype == STR:
+        return 8 + struct.unpack_from("<Q", buf, off)[0]
+    if vtype == ARR:
+        sub, n = struct.unpack_from("<IQ", buf, off)
+        pos = off + 12
+        if sub in _SCALAR:
+            return 12 + n * struct.calcsize("<" + _SCALAR[sub])
+        for _ in range(n):
+            pos += _value_size(buf, pos, sub)
+        return pos - off
+    raise ValueError(f"value type {vtype}")
+
+
+@dataclass
+class Layout:
+    """Byte offsets in the good file, for truncations and in-place patches."""
+    kv_starts: list[int] = field(default_factory=list)  # where each key/value record begins
+    kv_value_at: dict[str, int] = field(default_factory=dict)  # where each value begins
+    info_starts: list[int] = field(default_factory=list)
+    data_offset: int = 0
+
+
+def parse(buf: bytes) -> tuple[RawGGUF, Layout]:
+    """A valid GGUF file as RawGGUF (trusting it: this is for the good file only)."""
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    assert magic == b"GGUF", "not a GGUF file"
+    pos, kvs, lay = 24, [], Layout()
+    for _ in range(n_kv):
+        lay.kv_starts.append(pos)
+        klen = struct.unpack_from("<Q", buf, pos)[0]
+        key = buf[pos + 8:pos + 8 + klen]
+        pos += 8 + klen
+        vtype = struct.unpack_from("<I", buf, pos)[0]
+        pos += 4
+        size = _value_size(buf, pos, vtype)
+        lay.kv_value_at[key.decode()] = pos
+        kvs.append(KV(key, vtype, buf[pos:pos + size]))
+        pos += size
+    infos = []
+    for _ in range(n_tensors):
+        lay.info_starts.append(pos)
+        nlen = struct.unpack_from("<Q", buf, pos)[0]
+        name = buf[pos + 8:pos + 8 + nlen]
+        pos += 8 + nlen
+        nd = struct.unpack_from("<I", buf, pos)[0]
+        dims = list(struct.unpack_from(f"<{nd}Q", buf, pos + 4))
+        pos += 4 + 8 * nd
+        ttype, off = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        infos.append(TensorInfo(name, dims, ttype, off))
+    raw = RawGGUF(kvs, infos, b"", version=version)
+    if any(kv.key == b"general.alignment" for kv in kvs):
+        raw.alignment = raw.kv_value("general.alignment")
+    lay.data_offset = pos + (-pos % raw.alignment)
+    raw.data = buf[lay.data_offset:]
+    return raw, lay
+
+
+def _ggml_type_bytes(ttype: int, dims: list[int]) -> int:
+    # block (elements, bytes) of the types a synthetic model uses
+    blocks = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+              8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+    be, bb = blocks[ttype]
+    return dims[0] // be * bb * math.prod(dims[1:])
+
+
+# ---- the corpus --------------------------------------------------------------------------------
+def make_corpus(good_path, out_dir) -> list[tuple[Path, tuple[str, ...]]]:
+    """Write the hostile variants of `good_path` into out_dir; [(path, words the refusal must contain)]."""
+    good = Path(good_path).read_bytes()
+    raw, lay = parse(good)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    arch = raw.kv_value("general.architecture")
+    a = arch + "."
+    names = [t.name.decode() for t in raw.infos]
+    # a matmul tensor and a vector tensor every architecture has
+    mat, vec = "blk.0.attn_q.weight", "blk.0.attn_norm.weight"
+    entries: list[tuple[Path, tuple[str, ...]]] = []
+
+    def add(label: str, blob: bytes | RawGGUF, *words: str) -> None:
+        p = out / f"{len(entries):03d}-{label}.gguf"
+        p.write_bytes(blob.to_bytes() if isinstance(blob, RawGGUF) else blob)
+        entries.append((p, words))
+
+    def patch(at: int, fmt: str, *values) -> bytes:
+        b = bytearray(good)
+        struct.pack_into(fmt, b, at, *values)
+        return bytes(b)
+
+    # -- truncated anywhere: the header, the metadata, the tensor infos, the data -------------
+    for n in (0, 3, 10, 23):
+        add(f"trunc-header-{n}", good[:n], "truncated header")
+    for n in (24, 200):  # the counts alone claim more than the bytes left
+        add(f"trunc-counts-{n}", good[:n], "header claims", "truncated")
+    tokens_at = lay.kv_value_at["tokenizer.ggml.tokens"]
+    for label, n in (("in-a-key", lay.kv_starts[-3] + 10), ("in-tokens", tokens_at + 5000),
+                     ("in-last-kv", lay.kv_starts[-1] + 12)):
+        add(f"trunc-metadata-{label}", good[:n], "past the end")
+    for label, n in (("info-name", lay.info_starts[len(names) // 2] + 12),
+                     ("info-dims", lay.info_starts[-1] + 8 + len(raw.infos[-1].name) + 6)):
+        add(f"trunc-tensor-infos-{label}", good[:n], "past the end")
+
+    def first_cut(size: int) -> str:  # the first tensor (in info order) the cut file cannot hold
+        for t in raw.infos:
+            if lay.data_offset + t.offset + _ggml_type_bytes(t.ttype, t.dims) > size:
+                return t.name.decode()
+        raise AssertionError("the cut leaves every tensor whole")
+
+    for label, n in (("at-data-start", lay.data_offset), ("mid-data", (lay.data_offset + len(good)) // 2),
+                     ("last-byte", len(good) - 1)):
+        add(f"trunc-data-{label}", good[:n], "truncated tensor data", first_cut(n))
+
+    # -- bad magic, bad or unsupported versions ----------------------------------------------
+    for magic in (b"GGML", b"\0\0\0\0", b"FUGG"):
+        add(f"magic-{magic.hex()}", magic + good[4:], "bad magic", "not a GGUF file")
+    for v in (0, 1, 4, 99, 0x03000000):  # the last one: version 3 written big-endian
+        add(f"version-{v}", patch(4, "<I", v), f"version {v}", "not supported")
+
+    # -- absurd counts --------------------------------------------------------------------------
+    add("tensor-count-2^60", replace(raw, n_tensors=1 << 60), "header claims", "tensors")
+    add("kv-count-2^63", replace(raw, n_kv=(1 << 64) - 1), "header claims", "metadata keys")
+    # one more tensor than the infos hold: the "info" read is the data section's float bytes
+    add("tensor-count-plus-one", replace(raw, n_tensors=len(raw.infos) + 1), "malformed GGUF")
+
+    # -- tensor infos: dimensions, offsets, overlaps, alignment, names, types -----------------
+    add("n-dims-0", raw.with_tensor(mat, dims=[]), mat, "absurd shape []")
+    add("n-dims-5", raw.with_tensor(mat, dims=raw.infos[raw.tensor_index(mat)].dims + [1, 1, 1]), mat, "absurd shape")
+    add("n-dims-2^31", raw.with_tensor(mat, n_dims=1 << 31), "malformed GGUF", "past the end")
+    add("dim-zero", raw.with_tensor(mat, dims=[256, 0]), mat, "absurd shape")
+    add("dim-2^64-1", raw.with_tensor(mat, dims=[256, (1 << 64) - 1]), mat, "absurd shape")
+    # 256 x 2^36 Q4_0 elements: 9 TiB of data promised by a 1 MB file
+    add("dims-terabytes", raw.with_tensor(mat, dims=[256, 1 << 36]), mat, "runs past the end", "bytes")
+    add("dims-many-terabytes", raw.with_tensor(mat, dims=[1 << 40, 1 << 40]), mat, "runs past the end")
+    add("row-not-whole-blocks", raw.with_tensor(mat, dims=[250, 256]), mat, "not a multiple")
+    add("offset-past-end", raw.with_tensor(mat, offset=1 << 62), mat, "runs past the end")
+    add("offset-just-past-end", raw.with_tensor(names[-1], offset=len(raw.data)), names[-1], "runs past the end")
+    t0, t1 = raw.infos[raw.tensor_index(mat)], raw.infos[raw.tensor_index(mat) + 1]
+    add("overlap-same-offset", raw.with_tensor(t1.name.decode(), offset=t0.offset), "overlap",
+        mat, t1.name.decode())
+    add("overlap-partial", raw.with_tensor(t1.name.decode(), offset=t1.offset - raw.alignment), "overlap")
+    add("misaligned-offset", raw.with_tensor(mat, offset=t0.offset + 1), mat, "not aligned")
+    add("duplicate-tensor-name", raw.with_tensor(t1.name.decode(), name=mat.encode()), mat, "duplicate tensor name")
+    add("tensor-name-invalid-utf8", raw.with_tensor(mat, name=b"blk.0.\xff\xfe"), "malformed GGUF", "utf-8")
+    name_len_at = lay.info_starts[0]
+    add("tensor-name-length-huge", patch(name_len_at, "<Q", 1 << 62), "malformed GGUF", "past the end")
+    add("tensor-name-length-past-end", patch(name_len_at, "<Q", len(good) - name_len_at - 4),
+        "malformed GGUF", "past the end")
+    for tid in [*range(15, 51), 9999, (1 << 32) - 1]:
+        if tid not in SUPPORTED_TYPE_IDS:
+            add(f"tensor-type-{tid}", raw.with_tensor(mat, ttype=tid), mat, "unsupported tensor type", str(tid))
+    # a supported type where it does not belong: a norm vector quantized
+    add("vector-quantized", raw.with_tensor(vec, ttype=8, dims=[256]), vec, "Q8_0", "may be one of")
+    # the wrong shapes for what the metadata says
+    add("shape-swapped", raw.with_tensor("blk.0.attn_k.weight", dims=[128, 256]), "blk.0.attn_k.weight",
+        "shape [128, 256]", "expected [256, 128]")
+    add("shape-embd-rows", raw.with_tensor("token_embd.weight", dims=[256, 512]), "token_embd.weight",
+        "shape [256, 512]")
+    add("shape-norm", raw.with_tensor("output_norm.weight", dims=[128]), "output_norm.weight", "expected [256]")
+    add("missing-tensor", replace(raw, infos=[t for t in raw.infos if t.name != b"blk.1.ffn_down.weight"]),
+        "blk.1.ffn_down.weight", "missing")
+
+    # -- metadata: string lengths, duplicates, unknown types, huge arrays ----------------------
+    arch_at = lay.kv_value_at["general.architecture"]
+    add("string-length-huge", patch(arch_at, "<Q", 1 << 62), "malformed GGUF", "past the end")
+    add("string-length-past-end", patch(arch_at, "<Q", len(good) - arch_at - 8 + 1), "malformed GGUF", "past the end")
+    add("key-length-huge", patch(lay.kv_starts[0], "<Q", 1 << 50), "malformed GGUF", "past the end")
+    add("key-invalid-utf8", replace(raw, kvs=[KV(b"general.\xc3\x28", STR, enc_str("x")), *raw.kvs]),
+        "malformed GGUF", "utf-8")
+    # a token string whose length runs past the end of the file, inside the vocabulary array
+    add("token-length-past-end", patch(tokens_at + 12 + 8 * 3 + 3, "<Q", len(good)),
+        "malformed GGUF", "string", "past the end")
+    add("duplicate-key", replace(raw, kvs=[*raw.kvs, raw.kvs[raw.kv_index(a + "block_count")]]),
+        "malformed GGUF", "Duplicate", a + "block_count")
+    add("duplicate-key-arch", replace(raw, kvs=[*raw.kvs, KV(b"general.architecture", STR, enc_str("llama"))]),
+        "Duplicate", "general.architecture")
+    for vt in (13, 99, (1 << 32) - 1):
+        add(f"value-type-{vt}", raw.with_kv("general.name", vt, b"\0" * 8), "malformed GGUF", str(vt))
+    add("array-of-type-99", raw.with_kv("general.tags", ARR, struct.pack("<IQ", 99, 1) + b"\0" * 8),
+        "malformed GGUF", "99")
+    add("array-of-arrays", raw.with_kv("general.tags", ARR, struct.pack("<IQ", ARR, 1) + enc_array(U32, [1])),
+        "malformed GGUF", "ARRAY")
+    add("tokens-2^40", patch(tokens_at + 4, "<Q", TB), "malformed GGUF", "claims 1099511627776 items")
+    add("token-type-2^62", raw.with_kv("tokenizer.ggml.token_type", ARR, struct.pack("<IQ", I32, 1 << 62)),
+        "malformed GGUF", "claims")
+    add("merges-2^40", patch(lay.kv_value_at["tokenizer.ggml.merges"] + 4, "<Q", TB), "malformed GGUF", "claims")
+    add("alignment-zero", raw.with_kv("general.alignment", U32, enc(U32, 0)), "malformed GGUF", "alignment")
+    add("alignment-string", raw.with_kv("general.alignment", STR, enc_str("32")), "malformed GGUF", "alignment")
+
+    # -- metadata of the wrong type -------------------------------------------------------------
+    add("block-count-string", raw.with_kv(a + "block_count", STR, enc_str("2")), a + "block_count", "wrong type")
+    add("head-count-float", raw.with_kv(a + "attention.head_count", F32, enc(F32, 4.5)),
+        a + "attention.head_count", "wrong type")
+    add("head-count-array", raw.with_kv(a + "attention.head_count", ARR, enc_array(U32, [4, 4])),
+        a + "attention.head_count", "wrong type")
+    add("head-count-big-array", raw.with_kv(a + "attention.head_count", ARR, enc_array(U32, [4] * 100)),
+        a + "attention.head_count", "wrong type")
+    add("embedding-length-nan", raw.with_kv(a + "embedding_length", F32, enc(F32, math.nan)),
+        a + "embedding_length", "wrong type")
+    add("context-length-string", raw.with_kv(a + "context_length", STR, enc_str("2048")),
+        a + "context_length", "wrong type")
+    add("architecture-number", raw.with_kv("general.architecture", U32, enc(U32, 7)), "unknown architecture 7")
+    add("architecture-unknown", raw.with_kv("general.architecture", STR, enc_str("mamba")),
+        "unknown architecture 'mamba'", "supported")
+    add("vocab-size-string", raw.with_kv(a + "vocab_size", STR, enc_str("lots")), a + "vocab_size", "wrong type")
+    add("eps-string", raw.with_kv(a + "attention.layer_norm_rms_epsilon", STR, enc_str("1e-6")),
+        "layer_norm_rms_epsilon", "wrong type")
+    add("tokens-of-numbers", raw.with_kv("tokenizer.ggml.tokens", ARR, enc_array(U32, list(range(1024)))),
+        "tokenizer.ggml.tokens", "array of strings")
+    add("tokenizer-model-number", raw.with_kv("tokenizer.ggml.model", U32, enc(U32, 1)),
+        "tokenizer.ggml.model", "wrong type")
+    add("bos-id-string", raw.with_kv("tokenizer.ggml.bos_token_id", STR, enc_str("1")),
+        "tokenizer.ggml.bos_token_id", "wrong type")
+
+    # -- missing or absurd hyperparameters --------------------------------------------------------
+    for key in ("general.architecture", a + "embedding_length", a + "block_count", a + "attention.head_count",
+                a + "feed_forward_length"):
+        add(f"missing-{key}", raw.without_kv(key), key if key != "general.architecture" else "architecture")
+    add("missing-vocab", raw.without_kv("tokenizer.ggml.tokens"), "vocabulary size unknown")
+    add("zero-heads", raw.with_kv(a + "attention.head_count", U32, enc(U32, 0)),
+        a + "attention.head_count", "outside")
+    add("zero-kv-heads", raw.with_kv(a + "attention.head_count_kv", U32, enc(U32, 0)),
+        a + "attention.head_count_kv", "outside")
+    add("heads-not-multiple-of-kv", raw.with_kv(a + "attention.head_count_kv", U32, enc(U32, 3)),
+        "head_count 4", "not a multiple of head_count_kv 3")
+    add("block-count-2^30", raw.with_kv(a + "block_count", U32, enc(U32, 1 << 30)), a + "block_count", "outside")
+    add("block-count-zero", raw.with_kv(a + "block_count", U32, enc(U32, 0)), a + "block_count", "outside")
+    add("embedding-length-2^31", raw.with_kv(a + "embedding_length", U32, enc(U32, 1 << 31)),
+        a + "embedding_length", "outside")
+    add("context-length-2^40", raw.with_kv(a + "context_length", U64, enc(U64, TB)), a + "context_length", "outside")
+    add("ffn-negative", raw.with_kv(a + "feed_forward_length", I32, enc(I32, -1)), a + "feed_forward_length",
+        "outside")
+    add("head-dim-odd", raw.with_kv(a + "attention.key_length", U32, enc(U32, 63)), "head dimension 63 is odd")
+    add("rope-base-negative", raw.with_kv(a + "rope.freq_base", F32, enc(F32, -1.0)), "rope.freq_base")
+    add("rope-base-inf", raw.with_kv(a + "rope.freq_base", F32, enc(F32, math.inf)), "rope.freq_base")
+    add("rope-scaling-factor-zero", raw.with_kv(a + "rope.scaling.type", STR, enc_str("linear"))
+        .with_kv(a + "rope.scaling.factor", F32, enc(F32, 0.0)), "rope.scaling.factor")
+    add("rope-scaling-unknown", raw.with_kv(a + "rope.scaling.type", STR, enc_str("yarn")),
+        "rope scaling 'yarn'", "not supported")
+    add("eps-nan", raw.with_kv(a + "attention.layer_norm_rms_epsilon", F32, enc(F32, math.nan)),
+        "layer_norm_rms_epsilon")
+    add("vocab-size-mismatch", raw.with_kv(a + "vocab_size", U32, enc(U32, 512)), "512", "1024")
+    # gemma3's sliding window pattern, reached by relabelling this model's hyperparameters
+    g = replace(raw, kvs=[KV(kv.key.replace(a.encode(), b"gemma3.", 1), kv.vtype, kv.value) for kv in raw.kvs])
+    g = g.with_kv("general.architecture", STR, enc_str("gemma3")) \
+         .with_kv("gemma3.attention.sliding_window", U32, enc(U32, 16))
+    add("swa-pattern-zero", g.with_kv("gemma3.attention.sliding_window_pattern", U32, enc(U32, 0)),
+        "sliding_window_pattern")
+    add("swa-window-negative", g.with_kv("gemma3.attention.sliding_window", I32, enc(I32, -5)),
+        "sliding_window", "outside")
+
+    # -- the tokenizer ------------------------------------------------------------------------------
+    add("tokenizer-model-unknown", raw.with_kv("tokenizer.ggml.model", STR, enc_str("bert")),
+        "tokenizer.ggml.model 'bert'", "supported")
+    add("tokenizer-pre-unknown", raw.with_kv("tokenizer.ggml.model", STR, enc_str("gpt2"))
+        .with_kv("tokenizer.ggml.pre", STR, enc_str("no-such-pre")), "tokenizer.ggml.pre 'no-such-pre'")
+    add("token-type-short", raw.with_kv("tokenizer.ggml.token_type", ARR, enc_array(I32, [1] * 10)),
+        "tokenizer.ggml.token_type", "10", "1024")
+    add("scores-short", raw.with_kv("tokenizer.ggml.scores", ARR, enc_array(F32, [0.0] * 3)),
+        "tokenizer.ggml.scores", "3", "1024")
+    add("bos-id-out-of-range", raw.with_kv("tokenizer.ggml.bos_token_id", U32, enc(U32, 1 << 20)),
+        "tokenizer.ggml.bos_token_id", str(1 << 20))
+    add("eos-id-out-of-range", raw.with_kv("tokenizer.ggml.eos_token_id", U32, enc(U32, 1024)),
+        "tokenizer.ggml.eos_token_id", "1024")
+    add("merges-of-numbers", raw.with_kv("tokenizer.ggml.merges", ARR, enc_array(U32, [1, 2, 3])),
+        "tokenizer.ggml.merges", "array of strings")
+    # a token that is not UTF-8: only reading the vocabulary (the tokenizer) finds it
+    tok_bytes = bytearray(raw.kvs[raw.kv_index("tokenizer.ggml.tokens")].value)
+    first_len = struct.unpack_from("<Q", tok_bytes, 12)[0]
+    assert first_len >= 1
+    tok_bytes[20] = 0xFF
+    add("token-invalid-utf8", raw.with_kv("tokenizer.ggml.tokens", ARR, bytes(tok_bytes)),
+        "tokenizer.ggml.tokens", "utf-8")
+    return entries
