@@ -103,6 +103,11 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from minferd.plan_cmd import cmd_plan as run
+    return run(args)
+
+
 def cmd_serve(args) -> int:
     import logging
     from minferd.config import load_config
@@ -158,7 +163,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--w16-min-bytes", type=int, default=2 << 30, help="the W16 size gate (default 2 GiB)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=lambda a: __import__("minferd.plan_cmd", fromlist=["cmd_plan"]).cmd_plan(a))
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("run", help="load a model in-process on the CPU and generate")
     _add_prompt_args(p)

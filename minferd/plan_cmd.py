@@ -4,6 +4,7 @@ budget is given in bytes."""
 from __future__ import annotations
 
 import json
+import sys
 
 from minferd.devices import MatmulPath, cpu_traits, cuda_traits
 from minferd.errors import InvalidRequest
@@ -55,6 +56,6 @@ def cmd_plan(args) -> int:
     if not res["fits"]:
         short = res["total_bytes"] - res["budget_bytes"]
         print(f"minferd plan: does not fit: needs {fmt_bytes(res['total_bytes'])}, the budget is "
-              f"{fmt_bytes(res['budget_bytes'])} ({fmt_bytes(short)} short)", file=__import__("sys").stderr)
+              f"{fmt_bytes(res['budget_bytes'])} ({fmt_bytes(short)} short)", file=sys.stderr)
         return 1
     return 0

@@ -4,7 +4,9 @@ examples)."""
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
+import os
 import queue
 import threading
 import time
@@ -58,7 +60,6 @@ def _edge(method):
         except Exception as e:
             self._abort(context, e)
 
-    import inspect
     wrapper = streaming if inspect.isgeneratorfunction(method) else unary
     wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
     return wrapper
@@ -224,7 +225,6 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
 
 def _name_from(path: str) -> str:
-    import os
     base = os.path.basename(path)
     return base[:-5] if base.endswith(".gguf") else base
 
