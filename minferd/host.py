@@ -58,8 +58,10 @@ class Host:
     # ---- load / unload ---------------------------------------------------------------------
     def load(self, name: str, path: str, opts: LoadOptions | None = None, progress=None) -> LoadedModel:
         opts = opts or LoadOptions()
-        if not name or len(name) > 128 or any(c.isspace() for c in name):
-            raise InvalidRequest(f"model name {name!r}: 1 to 128 characters, no spaces")
+        # Control and invisible characters (not isprintable) made names that status tables, logs
+        # and metric labels show wrongly or not at all; they are refused like spaces.
+        if not name or len(name) > 128 or any(c.isspace() or not c.isprintable() for c in name):
+            raise InvalidRequest(f"model name {name[:160]!r}: 1 to 128 printable characters, no spaces")
         mf = open_model_file(path)
         key = _file_key(mf.path)
         ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
@@ -221,18 +223,25 @@ class Host:
                 result = a
         return result
 
-    def stream(self, name: str, prompt_ids, params: SamplingParams, prompt_text: str | None = None):
+    def stream(self, name: str, prompt_ids, params: SamplingParams, prompt_text: str | None = None,
+               cancel: threading.Event | None = None):
         """Queue a generation on the model's worker and yield ("piece", token_id, text) as tokens
         come, then ("done", GenerationResult, None). Closing the iterator early (a client that
-        went away) cancels the request: a queued one never runs, a running one stops."""
+        went away) cancels the request: a queued one never runs, a running one stops. So does
+        setting `cancel`, which another thread may do while this one waits inside the iterator."""
         lm = self.get(name)
         if prompt_text is not None:
             prompt_ids = lm.ws.tokenizer.encode(prompt_text)
         events: queue.SimpleQueue = queue.SimpleQueue()
 
+        def stopped() -> bool:
+            return job.cancelled.is_set() or (cancel is not None and cancel.is_set())
+
         def run(job: Job):
+            if cancel is not None and cancel.is_set():
+                return None  # its client went away while it was queued
             res = generate(lm.model, lm.ws.tokenizer, prompt_ids, params, lm.ctx,
-                           lambda tok, piece: events.put(("piece", tok, piece)), job.cancelled.is_set,
+                           lambda tok, piece: events.put(("piece", tok, piece)), stopped,
                            cache=lm.cache)
             lm.requests += 1
             lm.tokens += len(res.token_ids)

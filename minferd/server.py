@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
+import math
 import os
 import queue
 import threading
@@ -69,6 +70,28 @@ def model_info(d: dict) -> pb2.ModelInfo:
     return pb2.ModelInfo(**{k: v for k, v in d.items() if k != "bytes"}, bytes=pb2.ByKind(**d["bytes"]))
 
 
+# Roles the proto names, plus "tool" (templates render tool results). Anything else went into
+# the template verbatim (ChatML printed an empty or made-up role as markup): refused instead.
+CHAT_ROLES = frozenset(("system", "user", "assistant", "tool"))
+
+
+def _keep_alive(seconds: float) -> float:
+    # NaN passed every comparison in the reaper and meant "forever" while status showed NaN.
+    if math.isnan(seconds):
+        raise InvalidRequest("keep_alive_seconds is NaN: give seconds, 0 (unload when idle) or negative (forever)")
+    return seconds
+
+
+def _check_text_fits(tok, text: str, ctx: int) -> None:
+    """A text that must tokenize to more than ctx tokens is refused before tokenizing it: no token
+    stands for more than tok.max_piece_bytes bytes. Tokenizing a 16 MiB prompt only to refuse it
+    took tens of seconds and held the model's tokenizer meanwhile."""
+    n = len(text.encode("utf-8", "surrogatepass"))
+    if n > ctx * tok.max_piece_bytes:
+        raise InvalidRequest(f"prompt of {n} bytes cannot fit the model's context of {ctx} tokens "
+                             f"(no token covers more than {tok.max_piece_bytes} bytes)")
+
+
 def sampling(p: pb2.SamplingParams) -> SamplingParams:
     kw = {f: getattr(p, f) for f in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                                     "seed", "max_tokens") if p.HasField(f)}
@@ -95,9 +118,15 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def LoadModel(self, request, context):
-        path = allowed_model_path(request.path, self.models_dirs)
+        try:
+            path = allowed_model_path(request.path, self.models_dirs)
+        except OSError as e:  # a path component over NAME_MAX (ENAMETOOLONG) was INTERNAL
+            raise InvalidRequest(f"model path {request.path[:200]!r}: {e.strerror}") from None
         name = request.name or _name_from(path)
-        keep = request.keep_alive_seconds if request.HasField("keep_alive_seconds") else self.keep_alive
+        if request.matmul_path != pb2.MATMUL_PATH_AUTO and request.matmul_path not in PATHS:
+            # proto3 enums are open: an unknown number silently meant "auto"
+            raise InvalidRequest(f"matmul_path {request.matmul_path} is not one of AUTO, W16, MMQ, FUSED_B")
+        keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else self.keep_alive
         opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep)
         yield pb2.LoadProgress(phase="planning")
         progress: queue.SimpleQueue = queue.SimpleQueue()
@@ -146,7 +175,9 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             ids = list(request.ids.ids)
         else:
             add = request.add_special if request.HasField("add_special") else True
-            ids = self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add)
+            lm = self.host.get(request.model)
+            _check_text_fits(lm.ws.tokenizer, request.text, lm.ctx)
+            ids = lm.ws.tokenizer.encode(request.text, add_special=add)
         self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, params, context)
 
@@ -162,15 +193,25 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         lm = self.host.get(request.model)
         if not request.messages:
             raise InvalidRequest("chat has no messages")
+        bad = next((m.role for m in request.messages if m.role not in CHAT_ROLES), None)
+        if bad is not None:
+            raise InvalidRequest(f"chat message role {bad[:64]!r} is not one of {', '.join(sorted(CHAT_ROLES))}")
         msgs = [{"role": m.role, "content": m.content} for m in request.messages]
-        ids = lm.ws.tokenizer.encode(lm.ws.tokenizer.render_chat(msgs), add_special=True)
+        text = lm.ws.tokenizer.render_chat(msgs)
+        _check_text_fits(lm.ws.tokenizer, text, lm.ctx)
+        ids = lm.ws.tokenizer.encode(text, add_special=True)
         self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, sampling(request.sampling), context)
 
     def _stream(self, model, ids, params, context):
         t0 = time.perf_counter()
-        events = self.host.stream(model, ids, params)
-        context.add_callback(events.close)  # the client went away: cancel at once
+        # The client went away: cancel at once. The callback used to close the generator below,
+        # which raised "generator already executing" whenever this thread was waiting inside it
+        # (so a queued request still ran); now it only sets an event the request reads.
+        gone = threading.Event()
+        if not context.add_callback(gone.set):
+            gone.set()
+        events = self.host.stream(model, ids, params, cancel=gone)
         try:
             for kind, a, b in events:
                 if kind == "piece":
@@ -202,10 +243,11 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def SetModelOptions(self, request, context):
+        keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else None
         if request.HasField("pinned"):
             self.host.set_pinned(request.name, request.pinned)
-        if request.HasField("keep_alive_seconds"):
-            self.host.set_keep_alive(request.name, request.keep_alive_seconds)
+        if keep is not None:
+            self.host.set_keep_alive(request.name, keep)
         return model_info(self.host.model_info(self.host.get(request.name)))
 
     @_edge
@@ -247,8 +289,14 @@ class TokenAuth(grpc.ServerInterceptor):
         return self._deny
 
 
+# A streaming Generate holds one of these threads for as long as it waits in its model's queue, and
+# a call that finds none free waits behind them: with 64, GetStatus under 128 clients (bench/load.py)
+# took 12 s at p99. Idle threads cost a little memory; each Generate beyond this many still waits.
+GRPC_WORKERS = 256
+
+
 def create_server(servicer: MinferdServicer, health_servicer, token: str | None = None,
-                  max_message_bytes: int = 16 << 20, workers: int = 64) -> grpc.Server:
+                  max_message_bytes: int = 16 << 20, workers: int = GRPC_WORKERS) -> grpc.Server:
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
                ("grpc.max_metadata_size", 16 << 10)]

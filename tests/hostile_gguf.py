@@ -209,7 +209,8 @@ def make_corpus(good_path, out_dir) -> list[tuple[Path, tuple[str, ...]]]:
     tokens_at = lay.kv_value_at["tokenizer.ggml.tokens"]
     for label, n in (("in-a-key", lay.kv_starts[-3] + 10), ("in-tokens", tokens_at + 5000),
                      ("in-last-kv", lay.kv_starts[-1] + 12)):
-        add(f"trunc-metadata-{label}", good[:n], "past the end")
+        words = ("claims", "more than the file can hold") if label == "in-tokens" else ("past the end",)
+        add(f"trunc-metadata-{label}", good[:n], *words)
     for label, n in (("info-name", lay.info_starts[len(names) // 2] + 12),
                      ("info-dims", lay.info_starts[-1] + 8 + len(raw.infos[-1].name) + 6)):
         add(f"trunc-tensor-infos-{label}", good[:n], "past the end")
@@ -306,8 +307,13 @@ def make_corpus(good_path, out_dir) -> list[tuple[Path, tuple[str, ...]]]:
         a + "attention.head_count", "wrong type")
     add("head-count-array", raw.with_kv(a + "attention.head_count", ARR, enc_array(U32, [4, 4])),
         a + "attention.head_count", "wrong type")
+    # (an array past 64 items is not read at open, so to the loader the number is missing)
     add("head-count-big-array", raw.with_kv(a + "attention.head_count", ARR, enc_array(U32, [4] * 100)),
-        a + "attention.head_count", "wrong type")
+        a + "attention.head_count")
+    # 2 M distinct numbers under a key nobody reads: as a Python list that was ~70 MB at open
+    junk = struct.pack("<IQ", I32, 1 << 21) + bytes(range(256)) * (4 * (1 << 21) // 256)
+    add("huge-unread-array", raw.with_kv("general.junk", ARR, junk).with_kv(a + "block_count", STR, enc_str("x")),
+        a + "block_count", "wrong type")
     add("embedding-length-nan", raw.with_kv(a + "embedding_length", F32, enc(F32, math.nan)),
         a + "embedding_length", "wrong type")
     add("context-length-string", raw.with_kv(a + "context_length", STR, enc_str("2048")),

@@ -136,7 +136,10 @@ class GGUFFile:
     def array_len(self, key: str) -> int:
         """Number of items in an array field without reading them (0 where absent)."""
         f = self.reader.fields.get(key)
-        return len(f.data) if f is not None and f.types and f.types[0] == GGUFValueType.ARRAY else 0
+        # The declared count (parts: key length, key, value type, item type, count, ...), not
+        # len(f.data): _Reader keeps a scalar array as one numpy part, so len(f.data) was 1 for any
+        # numeric array (a hostile file's vocabulary of numbers read as 1 token).
+        return int(f.parts[4][0]) if f is not None and f.types and f.types[0] == GGUFValueType.ARRAY else 0
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view shaped (n_rows, row_bytes); no copy."""
@@ -171,8 +174,11 @@ class GGUFFile:
         for key, f in self.reader.fields.items():
             if key.startswith("GGUF."):
                 continue
-            if f.types and f.types[0] == GGUFValueType.ARRAY and len(f.data) > 64:
-                continue  # large arrays (vocabularies) are read on demand through field()
+            # Large arrays (vocabularies) are read on demand through field(). By the declared count:
+            # len(f.data) is 1 for a numeric array, so a hostile file's array of millions of numbers
+            # became a Python list here (tens of bytes per element).
+            if f.types and f.types[0] == GGUFValueType.ARRAY and self.array_len(key) > 64:
+                continue
             try:
                 md[key] = f.contents()
             except (ValueError, UnicodeDecodeError) as e:

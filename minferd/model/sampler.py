@@ -122,9 +122,17 @@ class Sampler:
         if ids[0] < 0 or ids[-1] >= logits.size:
             raise ValueError(f"history holds token ids outside [0, {logits.size})")
         out = logits.copy()  # the caller's logits row may be reused (e.g. a view of a batch)
-        vals = out[ids]
+        vals = out[ids].astype(np.float64)
         # Dividing a negative logit would raise it; llama.cpp multiplies those instead.
-        out[ids] = np.where(vals > 0, vals / p, vals * p)
+        # The penalty is float32 as in llama.cpp (float64 arithmetic on float32 operands rounds
+        # to the same float32 results); clipped to float32's range because a valid but extreme
+        # penalty (1e-308 underflows to 0 as float32) made +-inf logits, which _draw refused as
+        # an internal error.
+        lim = float(np.finfo(np.float32).max)
+        with np.errstate(over="ignore"):
+            p32 = float(np.float32(p))
+            p = p32 if 0 < p32 < math.inf else p
+            out[ids] = np.clip(np.where(vals > 0, vals / p, vals * p), -lim, lim)
         return out
 
     def _draw(self, logits: np.ndarray) -> int:

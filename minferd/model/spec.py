@@ -85,6 +85,8 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
     ffn = _check_range(path, a + "feed_forward_length", _get(md, path, a + "feed_forward_length"), 1, 1 << 20)
     ctx = _check_range(path, a + "context_length", _get(md, path, a + "context_length", 4096), 1, MAX_CTX)
     eps = _get(md, path, a + "attention.layer_norm_rms_epsilon", 1e-6, float)
+    if not (eps >= 0 and math.isfinite(eps)):  # a NaN epsilon turns every output into NaN, silently
+        raise ModelFileError(path, f"attention.layer_norm_rms_epsilon {eps} must be finite and >= 0")
     rope_base = _get(md, path, a + "rope.freq_base", 10000.0, float)
     if not (rope_base > 0 and math.isfinite(rope_base)):
         raise ModelFileError(path, f"rope.freq_base {rope_base} must be positive")
@@ -93,18 +95,26 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
         raise ModelFileError(path, f"partial rope ({rope_dims} of {head_dim} dims) is not supported")
     scale = 1.0
     if md.get(a + "rope.scaling.type") == "linear":
-        scale = 1.0 / _get(md, path, a + "rope.scaling.factor", 1.0, float)
+        factor = _get(md, path, a + "rope.scaling.factor", 1.0, float)
+        if not (factor > 0 and math.isfinite(factor)):  # a factor of 0 was a ZeroDivisionError
+            raise ModelFileError(path, f"rope.scaling.factor {factor} must be positive")
+        scale = 1.0 / factor
     elif md.get(a + "rope.scaling.type") not in (None, "none"):
         raise ModelFileError(path, f"rope scaling {md[a + 'rope.scaling.type']!r} is not supported")
 
     window = 0
     swa = (False,) * n_layers
     if arch == "gemma3":
-        window = _get(md, path, a + "attention.sliding_window", 0)
+        # Range-checked: a pattern of 0 was a ZeroDivisionError, a negative window a bad cache.
+        window = _check_range(path, a + "attention.sliding_window",
+                              _get(md, path, a + "attention.sliding_window", 0), 0, MAX_CTX)
         if window:
-            period = _get(md, path, a + "attention.sliding_window_pattern", GEMMA3_SWA_PERIOD)
+            period = _check_range(path, a + "attention.sliding_window_pattern", _get(
+                md, path, a + "attention.sliding_window_pattern", GEMMA3_SWA_PERIOD), 1, MAX_LAYERS)
             swa = tuple((i + 1) % period != 0 for i in range(n_layers))
-    n_vocab = md.get(a + "vocab_size") or n_vocab
+    # Through _get: a string vocab_size was a ValueError from int() below, not a ModelFileError.
+    if md.get(a + "vocab_size") is not None:
+        n_vocab = _check_range(path, a + "vocab_size", _get(md, path, a + "vocab_size"), 1, 1 << 31)
     if not n_vocab:
         raise ModelFileError(path, "vocabulary size unknown (no tokenizer.ggml.tokens and no vocab_size)")
 

@@ -8,6 +8,7 @@ they are copied on purpose; the comments name them.
 from __future__ import annotations
 
 import codecs
+import functools
 import threading
 
 import numpy as np
@@ -18,6 +19,7 @@ from minferd.model import chat_template
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _SPLIT_OUT = (UNKNOWN, CONTROL, USER_DEFINED)  # llama.cpp cuts these out of text before BPE
+_LONG_TEXT = 1 << 14  # characters; longer texts are encoded without holding the GIL
 
 # Pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe; applied in sequence,
 # each one splitting the pieces of the one before and keeping unmatched text as pieces.
@@ -169,13 +171,23 @@ def _build_hf(md: dict, tokens: list[str], vocab: dict[str, int], types: np.ndar
     return hf
 
 
+def check_supported(md: dict) -> None:
+    """ValueError for a tokenizer type this module cannot build. Cheap (two small keys): the loader
+    calls it at open, so such a file is refused as a ModelFileError before anything is reserved."""
+    model = md.get("tokenizer.ggml.model", "llama")
+    if model not in ("llama", "gpt2"):
+        raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: llama, gpt2")
+    pre = md.get("tokenizer.ggml.pre") or "default"
+    if model == "gpt2" and pre not in _PRE:
+        raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(_PRE)}")
+
+
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template. Thread-safe."""
 
     def __init__(self, md: dict):
+        check_supported(md)
         model = md.get("tokenizer.ggml.model", "llama")
-        if model not in ("llama", "gpt2"):
-            raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: llama, gpt2")
         self.spm = model == "llama"
         self.architecture = md.get("general.architecture", "")
         # llama.cpp renames empty entries the same way, so that every text maps to one id
@@ -228,12 +240,24 @@ class Tokenizer:
             if self._raw_specials != (not parse_special):
                 self._raw_specials = not parse_special
                 self._hf.encode_special_tokens = self._raw_specials
-            ids = self._hf.encode(text, add_special_tokens=False).ids if text else []
+            if len(text) > _LONG_TEXT:
+                # encode() holds the GIL throughout (a 16 MiB prompt froze every thread of the
+                # daemon, status included, for ~20 s); encode_batch releases it, same ids.
+                ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
+            else:
+                ids = self._hf.encode(text, add_special_tokens=False).ids if text else []
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The most bytes of text one token can stand for (its piece or its stored entry, whichever
+        is longer), so a text of n bytes needs at least n / max_piece_bytes tokens: the server
+        refuses a prompt that cannot fit the context without tokenizing it."""
+        return max((max(len(self._piece(i)), len(t.encode())) for i, t in enumerate(self._tokens)), default=1)
 
     def token_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes one token stands for; a byte-fallback token is one byte of a UTF-8 sequence.
