@@ -24,7 +24,7 @@ from minferd.model.sampler import SamplingParams
 from minferd.pool import manager
 from minferd.pool.allocator import Allocator
 from minferd.pool.estimator import estimate
-from minferd.pool.ledger import Ledger
+from minferd.pool.ledger import DeviceOutOfMemory, Ledger
 from minferd.pool.planner import W16_MIN_BYTES, Plan, plan
 from minferd.worker import Job
 
@@ -84,7 +84,15 @@ class Host:
             # The models whose weights this load will share must not be evicted to make room for it.
             others = [t for t in self._tenants() if ws is None or t.ws is not ws]
             manager.make_room(self.ledger, p.total, others, what)
-            return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
+            try:
+                return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
+            except DeviceOutOfMemory:
+                # The device refused what the ledger allowed (another process took memory):
+                # treat it as pressure. Give back idle f16 copies and try once more, else refuse.
+                others = [t for t in self._tenants() if ws is None or t.ws is not ws]
+                if not any(t.demote() for t in manager.demotable(others)):
+                    raise
+                return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
 
     def _load_reserved(self, name, mf, key, ws, p: Plan, est, opts, ctx, progress) -> LoadedModel:
         new_ws = ws is None

@@ -35,6 +35,7 @@ STATUS = {  # the one map from domain errors to gRPC status codes
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+    MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a device out of memory mid-request (CuPy's too)
 }
 PATHS = {pb2.W16: MatmulPath.W16, pb2.MMQ: MatmulPath.MMQ, pb2.FUSED_B: MatmulPath.FUSED_B}
 SERVICE = "minferd.v1.Minferd"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 
-from minferd.pool.ledger import Ledger, PoolExhausted
+from minferd.pool.ledger import DeviceOutOfMemory, Ledger
 
 
 class ModelMemory:
@@ -48,7 +48,7 @@ class Allocator:
             array = self.device.empty(shape, dtype)
         except MemoryError as e:  # cupy's OutOfMemoryError is a MemoryError too
             self.ledger.credit(model, kind, nbytes)
-            raise PoolExhausted(f"allocating {kind} for {model} ({e})", nbytes, self.ledger.free()) from None
+            raise DeviceOutOfMemory(f"allocating {kind} for {model} ({e})", nbytes, self.ledger.free()) from None
         # A buffer dropped without release() (a bug) still returns its bytes to the ledger.
         fin = weakref.finalize(array, self._forget, id(array))
         self._live[id(array)] = (model, kind, nbytes, fin)

@@ -26,6 +26,10 @@ class PoolExhausted(MinferdError):
         super().__init__(msg + (f"; {detail}" if detail else ""))
 
 
+class DeviceOutOfMemory(PoolExhausted):
+    """The device refused although the ledger allowed: another process took memory."""
+
+
 class Ledger:
     def __init__(self, capacity: int):
         self.capacity = capacity

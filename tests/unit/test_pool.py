@@ -193,7 +193,7 @@ def test_refuse_touches_nothing(tiny, tiny2, why):
 
 def test_every_allocation_failure_rolls_back(tiny, tiny2):
     h = make_host(64 * MiB)
-    h.load("a", tiny, opts())
+    h.load("a", tiny, opts(pinned=True))  # pinned: the retry after a device failure cannot demote it
     before = (h.ledger.held(), h.ledger.committed(), dict(h.ledger.by_kind("a")))
     n = 0
     while True:
@@ -276,3 +276,22 @@ def test_estimate_matches_measurement_for_real_gemma(gemma_path):
     measured = h.model_bytes(lm)
     assert all(abs(e[k] - measured[k]) <= 0.02 * max(measured[k], 1) for k in e), (e, measured)
     assert h.unload("gemma") == sum(measured.values())
+
+
+def test_device_out_of_memory_is_pressure(tiny, tiny2):
+    """The device refuses what the ledger allowed (another process took memory): the load demotes
+    an idle f16 copy and tries once more; with nothing to demote it is refused, typed, and the
+    ledger is as before."""
+    h = make_host(64 * MiB)
+    a = h.load("a", tiny, opts())
+    assert a.ws.w16_bytes() == W16
+    h.allocator.fail_at = 3  # the device fails the 4th allocation of the next load
+    h.load("b", tiny2, opts(matmul_path=MatmulPath.MMQ))
+    assert "demoted a" in h.events and a.ws.w16_bytes() == 0 and "b" in h.models
+    check(h)
+    held = h.ledger.held()
+    h.allocator.fail_at = 3
+    with pytest.raises(PoolExhausted, match="injected"):
+        h.load("c", str(tiny), opts(ctx=128))
+    assert h.ledger.held() == held and "c" not in h.models
+    check(h)
