@@ -5,6 +5,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from minferd.model.gguf_file import GGUFFile
+from minferd.model.synth_vocab import add_metadata
 
 DROP = object()
 
@@ -25,18 +26,9 @@ def rewrite(src, dst, metadata: dict | None = None, tensors: dict | None = None)
         else:
             w.add_key_value(key, value, vtype)
     for key, value in metadata.items():
-        if value is DROP:
-            continue
         if isinstance(value, tuple):  # (value, GGUFValueType) to force a type
             w.add_key_value(key, value[0], value[1])
-        elif isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_uint32(key, value)
+    add_metadata(w, {k: v for k, v in metadata.items() if v is not DROP and not isinstance(v, tuple)})
     order = []
     for name, t in gf.tensors.items():
         change = tensors.get(name, {})

@@ -19,7 +19,7 @@ from minferd.kernels.quantize_ref import quantize, random_blocks
 from minferd.model.arch import MODELS
 from minferd.model.arch.llama import EMBED, VECTOR
 from minferd.model.spec import GEMMA3_SWA_PERIOD, spec_from_metadata
-from minferd.model.synth_vocab import synth_vocab
+from minferd.model.synth_vocab import add_metadata, synth_vocab
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,22 +107,6 @@ def _matrix(name: str, role: str, rows: int, cols: int, rng: np.random.Generator
     return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
 
 
-def _add_metadata(w: GGUFWriter, md: dict) -> None:
-    for k, v in md.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        elif isinstance(v, (list, tuple)):
-            w.add_array(k, list(v))
-        else:
-            raise TypeError(f"metadata {k}: {type(v).__name__}")
-
-
 def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: str = "q8_0",
                 seed: int = 0, random_blocks_: bool = False, overrides: dict | None = None) -> dict:
     """Write a synthetic model; returns {tensor name: type name}."""
@@ -141,7 +125,7 @@ def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: 
     rng = np.random.default_rng(seed)
 
     w = GGUFWriter(os.fspath(out), arch)
-    _add_metadata(w, {k: v for k, v in md.items() if k != "general.architecture"})
+    add_metadata(w, {k: v for k, v in md.items() if k != "general.architecture"})
     plan = []
     for name, (shape, role) in layout.items():
         row_elems, rows = shape[0], int(np.prod(shape[1:])) if len(shape) > 1 else 1

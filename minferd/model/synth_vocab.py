@@ -170,18 +170,25 @@ def write_vocab_gguf(path: str | os.PathLike, arch: str, md: dict) -> None:
     w.add_head_count(4)
     w.add_head_count_kv(4)
     w.add_layer_norm_rms_eps(1e-6)
-    for k, v in md.items():
-        if k == "general.architecture":
-            continue
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        else:  # lists: strings, float32 scores, int32 token types
-            w.add_array(k, list(v))
+    add_metadata(w, {k: v for k, v in md.items() if k != "general.architecture"})
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
+
+
+def add_metadata(w, md: dict) -> None:
+    """Plain Python values as GGUF metadata: bool, str, float (f32), int (u32), lists as arrays."""
+    for k, v in md.items():
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        elif isinstance(v, (list, tuple)):
+            w.add_array(k, list(v))
+        else:
+            raise TypeError(f"metadata {k}: {type(v).__name__}")
