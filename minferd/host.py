@@ -172,12 +172,15 @@ class Host:
             ws = lm.ws
             if not ws.w16_bytes():
                 return 0
-            # On the model's worker: a request in flight may be reading the f16 copy.
-            freed = lm.worker.call(lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
+        # On the model's worker, after a request in flight (which may be reading the f16 copy);
+        # outside the host's lock, so status and other models' loads do not wait for that request.
+        freed = lm.worker.call(lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
+        with self.lock:
             self.ledger.unreserve(ws.tag, freed)
-            ws.demoted = True
-            self.event("demoted", name)
-            return freed
+            ws.demoted = ws.demoted or freed > 0
+            if freed:
+                self.event("demoted", name)
+        return freed
 
     def promote(self, name: str) -> int:
         """Build a model's f16 copy again if the pool can hold it; returns the bytes added (0 if not)."""

@@ -2,6 +2,7 @@
 promotion, each asserting byte figures; after every step the ledger equals the allocator and
 the device's own count, within the budget."""
 import threading
+import time
 
 import pytest
 
@@ -294,4 +295,23 @@ def test_device_out_of_memory_is_pressure(tiny, tiny2):
     with pytest.raises(PoolExhausted, match="injected"):
         h.load("c", str(tiny), opts(ctx=128))
     assert h.ledger.held() == held and "c" not in h.models
+    check(h)
+
+
+def test_demote_waits_for_the_request_in_flight_without_blocking_status(tiny):
+    h = make_host(64 * MiB)
+    a = h.load("a", tiny, opts())
+    release = threading.Event()
+    a.worker.submit(lambda job: release.wait())  # a request that is reading the f16 copy
+    done = []
+    t = threading.Thread(target=lambda: done.append(h.demote("a")))
+    t.start()
+    time.sleep(0.2)
+    assert not done and a.ws.w16_bytes() == W16  # the copy stays while the request runs
+    t0 = time.monotonic()
+    assert h.status()["models"][0]["name"] == "a"
+    assert time.monotonic() - t0 < 1.0
+    release.set()
+    t.join(10)
+    assert done == [W16] and a.ws.w16_bytes() == 0
     check(h)
