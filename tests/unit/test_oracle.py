@@ -26,6 +26,17 @@ def llama_logits(m, ids) -> np.ndarray:
     return np.array(m.scores[:len(ids)], dtype=np.float32)
 
 
+def llama_greedy(m, ids, n: int) -> list[int]:
+    """llama.cpp's greedy continuation of ids, n tokens."""
+    m.reset()
+    out = []
+    for tok in m.generate(ids, temp=0.0, top_k=1, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
 def our_logits(lm, ids) -> np.ndarray:
     cache = lm.model.new_cache(lm.model.be.untracked(), len(ids))
     return prefill(lm.model, np.asarray(ids), cache, all_logits=True)
@@ -66,12 +77,7 @@ def test_gemma_greedy_continuations(gemma):
     report, agreement = [], []
     for text in PROMPTS:
         ids = ref.tokenize(text.encode(), add_bos=True, special=True)
-        ref.reset()
-        cont = []
-        for tok in ref.generate(ids, temp=0.0, top_k=1, reset=True):
-            cont.append(tok)
-            if len(cont) == 32:
-                break
+        cont = llama_greedy(ref, ids, 32)
         seq = ids + cont
         ref_logits, our = llama_logits(ref, seq), our_logits(ours, seq)
         steps = range(len(ids) - 1, len(seq) - 1)
@@ -95,12 +101,7 @@ def test_gemma_generate_matches_llama_prefix(gemma):
     text = PROMPTS[0]
     ids = ours.tokenizer.encode(text)
     res = generate(ours.model, ours.tokenizer, ids, SamplingParams(temperature=0, max_tokens=12), ctx=64)
-    ref.reset()
-    cont = []
-    for tok in ref.generate(ids, temp=0.0, top_k=1, reset=True):
-        cont.append(tok)
-        if len(cont) == 12:
-            break
+    cont = llama_greedy(ref, ids, 12)
     n = next((i for i, (a, b) in enumerate(zip(res.token_ids, cont)) if a != b), 12)
     assert n >= 6, (res.token_ids, cont)
     assert res.text.startswith(ref.detokenize(cont[:n]).decode("utf-8", "replace"))
