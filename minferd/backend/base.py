@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minferd.devices import MatmulPath  # noqa: F401  (re-exported for backends)
 from minferd.kernels.quant import QuantType
 
 

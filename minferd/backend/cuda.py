@@ -9,7 +9,6 @@ own kernels only (CuPy refuses cuBLAS inside capture), positions read from a dev
 from __future__ import annotations
 
 import contextlib
-import math
 
 import cupy as cp
 import numpy as np

@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import grpc
