@@ -19,5 +19,6 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = profile ] || [ "$stage" = all ]; then
   [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf
-  python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --tokens 1,512,2048 --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
+  python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --tokens 1,512,2048 --json "$OUT/profile-w16.json" 2>&1 | tee "$OUT/profile.log"
+  python3 bench/profile_ops.py /tmp/q7b.gguf --path mmq --tokens 2048 --top 12 --json "$OUT/profile-mmq.json" 2>&1 | tee -a "$OUT/profile.log"
 fi

@@ -1,10 +1,12 @@
-"""Where a forward pass spends its time on the CUDA backend: every backend op timed with CUDA
-events (eager, not the decode graph), summed by op and, for matmuls, by weight type and shape.
+"""Where a forward pass spends its time on the CUDA backend, kernel by kernel.
 
     python bench/profile_ops.py MODEL.gguf [--path w16] [--tokens 1,2048] [--ctx 2176] [--json F]
 
-Event pairs add a little time of their own per op, so the sum exceeds the pass's wall time by
-a few percent; compare ops with each other, and the total with bench.py's figures.
+One token is timed as the decode graph's replay, a batch as one eager prefill pass. The
+per-kernel times come from CUPTI through PyTorch's profiler when PyTorch is importable (the
+device image has it; it sees every kernel of the process, CuPy's and cuBLAS's too, also
+inside graph replays); without it, from CUDA events around each backend op (eager only).
+The gap between the wall time and the kernels' sum is time the GPU sat idle (launches, Python).
 """
 from __future__ import annotations
 
@@ -19,6 +21,63 @@ import numpy as np
 from minferd.model.loader import load_local
 
 OPS = ("matmul", "embed", "rmsnorm", "rope", "kv_write", "attention", "swiglu", "gelu_gate")
+
+
+def _short(name: str) -> str:
+    name = name.replace("void ", "")
+    return name if len(name) <= 90 else name[:87] + "..."
+
+
+def _torch_profiler():
+    try:
+        import torch.profiler as tp
+        return tp
+    except Exception:  # noqa: BLE001 - any failure means: use events instead
+        return None
+
+
+def run_once(lm, ids, ctx: int):
+    """One measured pass: the decode graph's replay for one token, an eager prefill otherwise.
+    Returns a thunk that runs it (the graph and cache made beforehand) and a cleanup."""
+    be, m = lm.model.be, lm.model
+    cache = m.new_cache(be.untracked(), ctx)
+    if len(ids) == 1:
+        m.forward(ids[:1], cache)
+        be.to_host(be.decode(m, int(ids[0]), cache))  # captures the graph
+
+        def step():
+            cache.n_tokens = 1
+            return be.to_host(be.decode(m, int(ids[0]), cache))
+    else:
+        def step():
+            cache.n_tokens = 0
+            return be.to_host(m.forward(ids, cache))
+    return step, lambda: (be.graphs.clear(), be.free(cache))
+
+
+def profile_cupti(tp, lm, n_tokens: int, ctx: int, reps: int) -> dict:
+    be = lm.model.be
+    ids = np.random.default_rng(0).integers(300, 30000, n_tokens)
+    step, done = run_once(lm, ids, ctx)
+    step()
+    walls = []
+    with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            be.stream.synchronize()
+            t = time.perf_counter()
+            step()
+            be.stream.synchronize()
+            walls.append(time.perf_counter() - t)
+    done()
+    totals: dict = collections.defaultdict(float)
+    counts: dict = collections.Counter()
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name:
+            totals[_short(e.name)] += e.device_time / 1e3 / reps
+            counts[_short(e.name)] += 1
+    rows = sorted(({"op": k, "ms": v, "calls": counts[k] // reps} for k, v in totals.items()), key=lambda x: -x["ms"])
+    return {"tokens": n_tokens, "how": "cupti", "wall_ms": 1e3 * float(np.median(walls)),
+            "ops_ms": sum(totals.values()), "kernels": sum(r["calls"] for r in rows), "rows": rows}
 
 
 def instrument(be, cp, records):
@@ -41,7 +100,7 @@ def instrument(be, cp, records):
         setattr(be, op, timed)
 
 
-def profile(lm, n_tokens: int, ctx: int, reps: int = 3) -> dict:
+def profile_events(lm, n_tokens: int, ctx: int, reps: int) -> dict:
     import cupy as cp
     be, m = lm.model.be, lm.model
     records: list = []
@@ -53,7 +112,7 @@ def profile(lm, n_tokens: int, ctx: int, reps: int = 3) -> dict:
     for r in range(reps + 1):  # the first pass warms up (compiles, caches)
         cache = m.new_cache(be.untracked(), ctx)
         if n_tokens == 1:
-            m.forward(ids[:1], cache)  # a token in the cache, then the measured one
+            m.forward(ids[:1], cache)
         records.clear()
         be.stream.synchronize()
         t = time.perf_counter()
@@ -68,7 +127,8 @@ def profile(lm, n_tokens: int, ctx: int, reps: int = 3) -> dict:
             totals[label] += cp.cuda.get_elapsed_time(s, e) / reps
             counts[label] += 1
     rows = sorted(({"op": k, "ms": v, "calls": counts[k] // reps} for k, v in totals.items()), key=lambda x: -x["ms"])
-    return {"tokens": n_tokens, "wall_ms": 1e3 * float(np.median(walls)), "ops_ms": sum(totals.values()), "rows": rows}
+    return {"tokens": n_tokens, "how": "events", "wall_ms": 1e3 * float(np.median(walls)),
+            "ops_ms": sum(totals.values()), "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -77,16 +137,20 @@ def main(argv=None) -> int:
     ap.add_argument("--path", default="w16")
     ap.add_argument("--tokens", default="1,2048")
     ap.add_argument("--ctx", type=int, default=2176)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    tp = _torch_profiler()
     lm = load_local(args.model, args.path, device="cuda", ctx=args.ctx)
     out = []
     for n in (int(t) for t in args.tokens.split(",")):
-        res = profile(lm, n, args.ctx)
+        res = profile_cupti(tp, lm, n, args.ctx, args.reps) if tp else profile_events(lm, n, args.ctx, args.reps)
         out.append(res)
-        print(f"\n# {n} tokens: wall {res['wall_ms']:.2f} ms, ops {res['ops_ms']:.2f} ms")
-        for r in res["rows"][:25]:
-            print(f"{r['op']:40s} {r['ms']:9.3f} ms  {r['calls']:5d} calls  {100 * r['ms'] / res['ops_ms']:5.1f}%")
+        print(f"\n# {args.path}, {n} tokens ({res['how']}): wall {res['wall_ms']:.3f} ms, "
+              f"kernels {res['ops_ms']:.3f} ms in {res.get('kernels', '?')} launches")
+        for r in res["rows"][:args.top]:
+            print(f"{r['ms']:8.3f} ms {r['calls']:5d}x {100 * r['ms'] / res['ops_ms']:5.1f}%  {r['op']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
