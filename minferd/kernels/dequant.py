@@ -33,14 +33,14 @@ def _name(qt: QuantType, out_f16: bool, vec: bool) -> str:
     return f"dequant<{qt.ggml_id}, {int(out_f16)}, {int(vec)}>"
 
 
-def _names() -> tuple[str, ...]:
+def names() -> tuple[str, ...]:
     from .quant import TYPES
     return tuple(_name(qt, o, v) for qt in TYPES.values() for o in (True, False) for v in (True, False))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(qt: QuantType, out_f16: bool, vec: bool):
-    return module("dequant", _names()).get_function(_name(qt, out_f16, vec))
+    return module("dequant", names()).get_function(_name(qt, out_f16, vec))
 
 
 def check_rows(qt: QuantType, w, K: int, what: str = "w") -> int:

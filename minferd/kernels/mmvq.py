@@ -104,7 +104,7 @@ def _float_name(qt: QuantType, nc: int, vec: int) -> str:
     return f"mmv_float<{qt.ggml_id}, {nc}, {vec}>"
 
 
-def _default_names() -> tuple[str, ...]:
+def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
@@ -134,7 +134,7 @@ def add_sweep() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str):
-    defaults = _default_names()
+    defaults = names()
     return module("mmvq", defaults + tuple(n for n in _extra_names if n not in defaults)).get_function(name)
 
 

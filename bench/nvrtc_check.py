@@ -1,0 +1,75 @@
+"""Compile the project's kernels with NVRTC for sm_90 on a machine with no GPU: compile errors
+and the lowered template names show up here, before a device call costs device time.
+
+    pip install --target /tmp/nvrtc nvidia-cuda-nvrtc   # once (CUDA 13's NVRTC, no GPU needed)
+    python bench/nvrtc_check.py [dequant mmvq ops ...]  # default: every minferd/kernels/*.cu
+
+A kernel module's name expressions come from its launcher (minferd/kernels/<name>.py) if it
+defines names(); ops.cu and the like have none (extern "C" kernels only).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minferd.kernels import DIR  # noqa: E402
+
+
+def _lib():
+    cands = [os.environ.get("MINFERD_NVRTC", "")] + glob.glob("/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.*") + \
+        [p for s in sys.path for p in glob.glob(f"{s}/nvidia/cu13/lib/libnvrtc.so.*")]
+    for c in cands:
+        if c and os.path.exists(c) and "builtins" not in c and ".alt." not in c:
+            for b in glob.glob(os.path.join(os.path.dirname(c), "libnvrtc-builtins.so.*")):
+                if ".alt." not in b:  # NVRTC dlopens it by name: load it first, globally
+                    ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+            return ctypes.CDLL(c)
+    sys.exit("no libnvrtc: pip install --target /tmp/nvrtc nvidia-cuda-nvrtc (or set MINFERD_NVRTC)")
+
+
+def compile_module(lib, name: str, exprs=(), opts=()) -> int:
+    path = DIR / f"{name}.cu"
+    code = (f'#line 1 "{path}"\n' + path.read_text()).encode()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), code, str(path).encode(), 0, None, None) == 0
+    for e in exprs:
+        assert lib.nvrtcAddNameExpression(prog, e.encode()) == 0
+    # CuPy puts CUDA's headers (cuda_fp16.h) on NVRTC's path; here, a local toolkit's.
+    inc = [f"-I{d}".encode() for d in sorted(glob.glob("/usr/local/cuda*/include"))[:1]]
+    o = [b"-std=c++17", f"-I{DIR}".encode(), b"-arch=sm_90"] + inc + [x.encode() for x in opts]
+    t = time.time()
+    rc = lib.nvrtcCompileProgram(prog, len(o), (ctypes.c_char_p * len(o))(*o))
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    print(f"{name}: {'ok' if rc == 0 else 'FAILED'} in {time.time() - t:.1f} s, {len(exprs)} name expressions")
+    if log.value.strip():
+        print(log.value.decode()[:6000])
+    return rc
+
+
+def main(argv) -> int:
+    lib = _lib()
+    names = argv or sorted(p.stem for p in DIR.glob("*.cu"))
+    rc = 0
+    for name in names:
+        exprs, opts = (), ()
+        try:
+            mod = importlib.import_module(f"minferd.kernels.{name}")
+            exprs = tuple(mod.names()) if hasattr(mod, "names") else ()
+            opts = tuple(getattr(mod, "OPTIONS", ()))
+        except ModuleNotFoundError:
+            pass
+        rc |= compile_module(lib, name, exprs, opts)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
