@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, run tests/cuda, synthesize the
 # Qwen2.5-7B-shaped Q4_K_M file (llama.cpp's type mix, random blocks) and bench it. Logs to $OUT.
-#   bench/device.sh [tests|bench|profile|all] [extra bench.py args]
+#   [TESTS="tests/cuda/test_x.py ..."] bench/device.sh [tests|bench|profile|all] [extra bench.py args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/minferd-out}; mkdir -p "$OUT"
 stage=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee "$OUT/cuda.log" | tail -40
+  python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -40
 fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
   python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf
@@ -19,6 +19,5 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = profile ] || [ "$stage" = all ]; then
   [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf
-  python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --tokens 1,512,2048 --json "$OUT/profile-w16.json" 2>&1 | tee "$OUT/profile.log"
-  python3 bench/profile_ops.py /tmp/q7b.gguf --path mmq --tokens 2048 --top 12 --json "$OUT/profile-mmq.json" 2>&1 | tee -a "$OUT/profile.log"
+  python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --tokens ${PROFILE_TOKENS:-1,512,2048} --json "$OUT/profile-w16.json" 2>&1 | tee "$OUT/profile.log"
 fi

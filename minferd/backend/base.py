@@ -150,8 +150,9 @@ class Backend(ABC):
 
     # ---- ops -----------------------------------------------------------------------------
     @abstractmethod
-    def matmul(self, x, w: Weight):
-        """x (n, K) f32 times w's rows: (n, rows) f32."""
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
+        """x (n, K) f32 times w's rows, plus the bias vector and the residual (n, rows) where
+        given: (n, rows) f32. (A backend may fold the adds into the product's kernel.)"""
 
     @abstractmethod
     def embed(self, ids: np.ndarray, w: Weight):
@@ -167,6 +168,15 @@ class Backend(ABC):
 
     @abstractmethod
     def kv_write(self, cache: KVCache, layer: int, positions: np.ndarray, k, v) -> None: ...
+
+    def rope_kv(self, q, k, v, cache: KVCache, layer: int, positions, base: float, scale: float, neox: bool,
+                freq_factors=None):
+        """Rope q and k, append k and v to the cache; returns the rotated q. (The CUDA backend
+        does all of it in one kernel.)"""
+        q = self.rope(q, positions, base, scale, neox, freq_factors)
+        k = self.rope(k, positions, base, scale, neox, freq_factors)
+        self.kv_write(cache, layer, positions, k, v)
+        return q
 
     @abstractmethod
     def attention(self, q, cache: KVCache, layer: int, positions: np.ndarray, window: int, scale: float):

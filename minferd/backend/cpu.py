@@ -122,7 +122,7 @@ class CpuBackend(Backend):
             return out
         return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems, out=out)
 
-    def matmul(self, x, w: Weight):
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
         x = np.ascontiguousarray(x, dtype=np.float32)
         y = np.empty((x.shape[0], w.n_rows), np.float32)
         arena = getattr(self, "_scratch", None)
@@ -138,6 +138,10 @@ class CpuBackend(Backend):
                     arena.put(buf)
 
         list(self._pool.map(block, self._row_blocks(w)))
+        if bias is not None:
+            y += bias.data
+        if residual is not None:
+            y += residual
         return y
 
     def embed(self, ids, w: Weight):

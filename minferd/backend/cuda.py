@@ -15,9 +15,10 @@ import numpy as np
 
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.kernels import module
+from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.mmvq import mmvq
+from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
 
 from minferd.devices import CUDA_MAX_BATCH, DEQUANT_ROWS
@@ -28,6 +29,35 @@ DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid k
 
 def _ops():
     return module("ops")
+
+
+def _key(x) -> tuple:
+    return x.data.ptr, x.shape, x.dtype.char
+
+
+_ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
+
+
+def gemm_f32(a16, b16, out=None):
+    """out (m, n) f32 = a16 (m, k) @ b16 (n, k).T through cuBLAS GemmEx: f16 in, f32 accumulate
+    AND f32 out, so no f16 product is rounded and then cast back (cupy.matmul of f16 returns
+    f16: the cast cost as much as a quarter of a prefill). out may be a column slice."""
+    from cupy_backends.cuda.libs import cublas
+    m, k = a16.shape
+    n = b16.shape[0]
+    if out is None:
+        out = cp.empty((m, n), cp.float32)
+    if a16.strides[1] != 2 or b16.strides[1] != 2 or out.strides[1] != 4 or b16.shape[1] != k or out.shape != (m, n):
+        raise ValueError(f"gemm_f32: {a16.shape} x {b16.shape}.T -> {out.shape}: rows must be contiguous")
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    # Row-major out = a @ b.T is column-major out.T = b.T^T @ a.T: cuBLAS sees b as (k, n) and a as (k, m).
+    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, _ONE.ctypes.data,
+                  b16.data.ptr, cp.cuda.runtime.CUDA_R_16F, b16.strides[0] // 2,
+                  a16.data.ptr, cp.cuda.runtime.CUDA_R_16F, a16.strides[0] // 2, _ZERO.ctypes.data,
+                  out.data.ptr, cp.cuda.runtime.CUDA_R_32F, out.strides[0] // 4,
+                  cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    return out
 
 
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "minferd_swiglu")
@@ -100,6 +130,12 @@ class CudaBackend(Backend):
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
+        # Converted forms of this pass's activations by (address, shape) -> (array, converted):
+        # q/k/v and gate/up read the same input, which is quantized (or cast to f16) once. The
+        # entry holds the array, so its memory cannot be reused by another while it is here;
+        # nothing writes such an input in place afterwards.
+        self._xq: dict[int, tuple] = {}
+        self._x16: dict[int, tuple] = {}
 
     # ---- memory --------------------------------------------------------------------------
     def upload(self, mem, name, qtype: QuantType, shape, raw) -> Weight:
@@ -139,11 +175,15 @@ class CudaBackend(Backend):
     def scope(self):
         """Temporaries of one pass come from the model's arena, work runs on the model's stream."""
         with self.stream:
-            if self.arena is None:
-                yield
-            else:
-                with cp.cuda.using_allocator(self.arena.malloc):
+            try:
+                if self.arena is None:
                     yield
+                else:
+                    with cp.cuda.using_allocator(self.arena.malloc):
+                        yield
+            finally:
+                self._xq.clear()
+                self._x16.clear()
 
     def to_device(self, a):
         return cp.asarray(a)
@@ -155,25 +195,53 @@ class CudaBackend(Backend):
         return cp.arange(start, start + n, dtype=cp.int32)
 
     # ---- matmul --------------------------------------------------------------------------
-    def matmul(self, x, w: Weight):
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
+        if residual is not None:
+            residual = cp.ascontiguousarray(residual, dtype=cp.float32)
         if n <= MMVQ_MAX_BATCH:
             out = cp.empty((n, w.n_rows), cp.float32)
-            mmvq(w.qtype, w.data, x, out)
+            b = None if bias is None else bias.data
+            if w.qtype.is_quantized:
+                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual)
+            else:
+                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
-        x16 = x.astype(cp.float16)
+        x16 = self._as_f16(x)
         if w.w16 is not None and n >= self.w16_min_tokens:
-            return cp.matmul(x16, w.w16.T).astype(cp.float32)
-        # No resident copy: dequantize row tiles into a temporary and multiply each (MMQ and
-        # FUSED_B replace this in their own kernels).
-        out = cp.empty((n, w.n_rows), cp.float32)
-        for r0 in range(0, w.n_rows, DEQUANT_ROWS):
-            r1 = min(r0 + DEQUANT_ROWS, w.n_rows)
-            tile = cp.empty((r1 - r0, w.row_elems), cp.float16)
-            dequant_f16(w.qtype, w.data[r0:r1], tile)
-            out[:, r0:r1] = cp.matmul(x16, tile.T)
+            out = gemm_f32(x16, w.w16)
+        else:
+            # No resident copy: dequantize row tiles into a temporary and multiply each (MMQ and
+            # FUSED_B replace this in their own kernels).
+            out = cp.empty((n, w.n_rows), cp.float32)
+            for r0 in range(0, w.n_rows, DEQUANT_ROWS):
+                r1 = min(r0 + DEQUANT_ROWS, w.n_rows)
+                tile = cp.empty((r1 - r0, w.row_elems), cp.float16)
+                dequant_f16(w.qtype, w.data[r0:r1], tile)
+                gemm_f32(x16, tile, out[:, r0:r1])
+        if bias is not None:
+            out += bias.data
+        if residual is not None:
+            out += residual
         return out
+
+    def _quantized(self, x):
+        """x (n <= 8, K) in the mat-vec kernels' int8 format: made once per array and pass."""
+        hit = self._xq.get(_key(x))
+        if hit is not None:
+            return hit[1]
+        scratch = self._new_xq(x)
+        quantize_x(x, scratch)
+        return scratch
+
+    def _as_f16(self, x):
+        hit = self._x16.get(_key(x))
+        if hit is not None:
+            return hit[1]
+        x16 = x.astype(cp.float16)
+        self._x16[_key(x)] = (x, x16)
+        return x16
 
     def embed(self, ids, w: Weight):
         ids = cp.asarray(ids, dtype=cp.int32)
@@ -186,8 +254,28 @@ class CudaBackend(Backend):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         d = x.shape[-1]
         out = cp.empty_like(x)
+        if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
+            scratch = self._new_xq(out)
+            _ops().get_function("rmsnorm_q")((x.shape[0],), (1024,), (x, weight.data, out, np.int32(d),
+                                                                    np.float32(eps)) + self._xq_args(scratch, out))
+            return out
         _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps)))
         return out
+
+    @staticmethod
+    def _feeds_matvec(x) -> bool:
+        """A 2-D activation of a decode-sized batch: what the next matmul quantizes."""
+        return x.ndim == 2 and x.shape[0] <= MMVQ_MAX_BATCH and x.shape[1] % 32 == 0
+
+    def _new_xq(self, x):
+        scratch = cp.empty(xq_bytes(*x.shape), cp.uint8)
+        self._xq[_key(x)] = (x, scratch)
+        return scratch
+
+    @staticmethod
+    def _xq_args(scratch, x) -> tuple:
+        off, kbp, _ = xq_layout(*x.shape)
+        return (np.uint64(scratch.data.ptr), np.uint64(scratch.data.ptr + off), np.int32(kbp))
 
     def rope(self, x, positions, base, scale, neox, freq_factors=None):
         # Rotated in place: q and k are fresh temporaries of this pass, nothing else reads them.
@@ -208,18 +296,39 @@ class CudaBackend(Backend):
                                             (k, v, cache.k[layer], cache.v[layer], positions, np.int32(n),
                                              np.int32(row), np.int32(cache.slots[layer])))
 
+    def rope_kv(self, q, k, v, cache: KVCache, layer, positions, base, scale, neox, freq_factors=None):
+        q = cp.ascontiguousarray(q, dtype=cp.float32)  # rotated in place: a fresh temporary of this pass
+        k = cp.ascontiguousarray(k, dtype=cp.float32)
+        v = cp.ascontiguousarray(v, dtype=cp.float32)
+        n, hq, d = q.shape
+        hkv = k.shape[1]
+        total = n * (hq + hkv) * (d // 2)
+        ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
+        _ops().get_function("rope_kv")(((total + 255) // 256,), (256,),
+                                       (q, k, v, cache.k[layer], cache.v[layer], positions, np.int32(n), np.int32(hq),
+                                        np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
+                                        np.int32(neox), ff, np.int32(cache.slots[layer])))
+        return q
+
     def attention(self, q, cache: KVCache, layer, positions, window, scale):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         n, hq, d = q.shape
         hkv = cache.k[layer].shape[1]
         if n == 1:
             return self._attention_decode(q, cache, layer, positions, window, scale)
-        # Prefill (never captured): host positions are known, cuBLAS does the two products.
-        first, last = int(positions[0]), int(positions[-1])
+        # Prefill (never captured): the chunk sits at cache.n_tokens.. (forward advances it after
+        # the last layer); reading `positions` back would stall the launch queue every layer.
+        first = cache.n_tokens
+        last = first + n - 1
         size = cache.slots[layer]
         lo = max(0, last + 1 - size)
         if size < last + 1 and size < window + n - 1:
             raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
+        if d in PREFILL_HEAD_DIMS:
+            out = cp.empty((n, hq * d), cp.float32)
+            attn_prefill(q, cache.k[layer], cache.v[layer], out, first=first, lo=lo, window=window, scale=scale)
+            return out
+        # Other head dims: two cuBLAS products around a masked softmax.
         key_pos = cp.arange(lo, last + 1, dtype=cp.int32)
         k = cache.k[layer][key_pos % size].astype(cp.float32)  # (L, hkv, d)
         v = cache.v[layer][key_pos % size].astype(cp.float32)
@@ -246,15 +355,25 @@ class CudaBackend(Backend):
                                         np.int32(window), np.float32(scale), np.int32(hq), np.int32(hkv), np.int32(d),
                                         np.int32(DECODE_SPLITS), part_o, part_ms))
         out = cp.empty((1, hq * d), cp.float32)
-        _ops().get_function("attn_decode_merge")((hq,), (32,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                                                np.int32(DECODE_SPLITS)))
+        _ops().get_function("attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
+                                                               np.int32(DECODE_SPLITS)))
         return out
 
     def swiglu(self, gate, up):
-        return _swiglu(gate, up)
+        return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else _swiglu(gate, up)
 
     def gelu_gate(self, gate, up):
-        return _gelu(gate, up)
+        return self._act_gate(gate, up, 1) if self._feeds_matvec(gate) else _gelu(gate, up)
+
+    def _act_gate(self, gate, up, act: int):
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32)
+        up = cp.ascontiguousarray(up, dtype=cp.float32)
+        n, K = gate.shape
+        y = cp.empty_like(gate)
+        scratch = self._new_xq(y)
+        _ops().get_function("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n),
+                                                                            np.int32(act)) + self._xq_args(scratch, y))
+        return y
 
     # ---- decode as a graph ------------------------------------------------------------------
     def decode(self, model, token: int, cache: KVCache):

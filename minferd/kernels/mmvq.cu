@@ -36,6 +36,7 @@
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmvq.py, in f64).
 #include "blocks.cuh"
+#include "xquant.cuh"
 
 #define M4 0x0F0F0F0Fu
 
@@ -447,23 +448,17 @@ extern "C" __global__ void quantize_x(const float* __restrict__ x, int K, int nc
   const int lane = threadIdx.x & 31, nkb = K >> 5;
   if (gw >= (i64)ncols * nkb) return;  // whole warps leave together
   const int c = (int)(gw / nkb), kb = (int)(gw % nkb);
-  const float v = x[(i64)c * K + 32 * kb + lane];
-  float amax = fabsf(v), sum = v;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  }
-  const float d = amax / 127.0f;
-  int hi = 0, lo = 0;
-  if (amax > 0.0f) {
-    hi = max(-127, min(127, __float2int_rn(v / d)));
-    lo = max(-127, min(127, __float2int_rn(fmaf(-(float)hi, d, v) / d * 254.0f)));  // |residual| <= d/2
-  }
-  i8* dst = xq + (i64)c * 2 * K + 32 * kb + lane;
-  dst[0] = (i8)hi;
-  dst[K] = (i8)lo;
-  if (lane == 0) xds[(i64)c * kbp + kb] = make_float2(d, sum);
+  quantize_block32(x[(i64)c * K + 32 * kb + lane], lane, xq + (i64)c * 2 * K + 32 * kb, K, xds + (i64)c * kbp + kb);
+}
+
+// The epilogue every mat-vec shares: out = x.W (+ bias[row]) (+ res[c, row]). Folding the
+// projection bias and the residual add in here saves two kernels per layer of a decode step.
+__device__ __forceinline__ void store_out(float* out, const float* bias, const float* res, int nrows, int c,
+                                          int row, float v) {
+  const i64 o = (i64)c * nrows + row;
+  if (bias) v += bias[row];
+  if (res) v += res[o];
+  out[o] = v;
 }
 
 // out[c, r] = sum_k x[c, k] * W[r, k] for r < nrows, c < ncols (<= NC).
@@ -475,7 +470,8 @@ extern "C" __global__ void quantize_x(const float* __restrict__ x, int K, int nc
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W, i64 row_bytes, int nrows, int nb, const i8* __restrict__ xq,
-     const float2* __restrict__ xds, int K, int kbp, int ncols, float* __restrict__ out) {
+     const float2* __restrict__ xds, int K, int kbp, int ncols, float* __restrict__ out,
+     const float* __restrict__ bias, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
@@ -526,7 +522,7 @@ mmvq(const u8* __restrict__ W, i64 row_bytes, int nrows, int nb, const i8* __res
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         const float v = warp_sum(acc[r][c]);
-        if (lane == 0 && c < ncols && row0 + r < nrows) out[(i64)c * nrows + row0 + r] = v;
+        if (lane == 0 && c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
       }
   } else {
     __shared__ float red[NW][R * NC];
@@ -543,7 +539,7 @@ mmvq(const u8* __restrict__ W, i64 row_bytes, int nrows, int nb, const i8* __res
       float v = 0.0f;
 #pragma unroll
       for (int j = 0; j < KW; ++j) v += red[warp + j][lane];
-      if (c < ncols && row0 + r < nrows) out[(i64)c * nrows + row0 + r] = v;
+      if (c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
     }
   }
 }
@@ -575,7 +571,7 @@ __device__ __forceinline__ void load8(const u8* p, float* v) {
 template <int TYPE, int NC, int VEC>
 __global__ void __launch_bounds__(128)
 mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
-          int ncols, float* __restrict__ out) {
+          int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
   constexpr int UNR = 2, ES = Blk<TYPE>::BB;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -617,6 +613,6 @@ mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const float s = warp_sum(acc[c]);
-    if (lane == 0 && c < ncols) out[(i64)c * nrows + row] = s;
+    if (lane == 0 && c < ncols) store_out(out, bias, res, nrows, c, row, s);
   }
 }

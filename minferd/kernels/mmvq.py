@@ -142,7 +142,7 @@ def _round_up(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def _layout(n: int, K: int) -> tuple[int, int, int]:
+def xq_layout(n: int, K: int) -> tuple[int, int, int]:
     """(xds offset, xds row stride in blocks, total bytes) of the scratch: xq int8 (n, 2, K)
     (hi and lo planes), then (d, sum) f32 pairs (n, kbp), kbp a multiple of 4 so rows stay
     32-byte aligned."""
@@ -152,7 +152,7 @@ def _layout(n: int, K: int) -> tuple[int, int, int]:
 
 
 def scratch_bytes(n: int, K: int) -> int:
-    return _layout(n, K)[2]
+    return xq_layout(n, K)[2]
 
 
 def _check_x(x, what="x"):
@@ -182,15 +182,26 @@ def quantize_x(x, scratch, *, stream=None) -> None:
     if K % 32:
         raise ValueError(f"mmvq: K = {K} is not a multiple of 32")
     _check_scratch(scratch, n, K)
-    off, kbp, _ = _layout(n, K)
+    off, kbp, _ = xq_layout(n, K)
     p = scratch.data.ptr
     with _stream(stream):
         _fn("quantize_x")(((n * K + 255) // 256,), (256,),
                           (x, np.int32(K), np.int32(n), np.int32(kbp), np.uint64(p), np.uint64(p + off)))
 
 
-def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None) -> None:
-    """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T, f32 accumulation; n in 1..8.
+def _epilogue(bias, residual, out):
+    """Device pointers (0 = none) of the bias (rows,) and residual (n, rows) f32 added to out."""
+    n, rows = out.shape
+    for a, shape, what in ((bias, (rows,), "bias"), (residual, (n, rows), "residual")):
+        if a is not None and (a.dtype != np.float32 or a.shape != shape or not a.flags.c_contiguous):
+            raise ValueError(f"mmvq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
+    return (np.uint64(0 if bias is None else bias.data.ptr), np.uint64(0 if residual is None else residual.data.ptr))
+
+
+def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
+         bias=None, residual=None) -> None:
+    """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
+    n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
     qt: QuantType or name; w: cupy uint8 (rows, row_bytes) (C-contiguous or a row slice);
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
@@ -204,12 +215,13 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
         raise ValueError(f"mmvq: out must be C-contiguous float32 {(n, rows)}, got {out.dtype} {tuple(out.shape)}")
     if rows == 0:
         return
+    ep = _epilogue(bias, residual, out)
     nc = bucket(n)
     if qt.name in FLOAT_TYPES:
         vec = 8 if K % 8 == 0 and rb % 16 == 0 and w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0 else 1
         with _stream(stream):
             _fn(_float_name(qt, nc, vec))(((rows + 3) // 4,), (128,),
-                                          (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out))
+                                          (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out) + ep)
         return
     if scratch is None:
         if x_quantized:
@@ -221,7 +233,7 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
         quantize_x(x, scratch, stream=stream)
     else:
         _check_scratch(scratch, n, K)
-    off, kbp, _ = _layout(n, K)
+    off, kbp, _ = xq_layout(n, K)
     cfg = config or CONFIGS[qt.name][nc][shape_class(rows, K)]
     nw, kw, r, _ = cfg
     per_cta = nw // kw * r
@@ -230,4 +242,4 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
         _fn(kernel_name(qt, nc, cfg))(
             ((rows + per_cta - 1) // per_cta,), (nw * 32,),
             (w, np.int64(rb), np.int32(rows), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), out))
+             np.int32(K), np.int32(kbp), np.int32(n), out) + ep)

@@ -2,6 +2,7 @@
 // Every kernel reads token positions from device memory so that the decode step can be
 // captured once as a CUDA graph and replayed with new positions.
 #include <cuda_fp16.h>
+#include "xquant.cuh"
 
 #define WARP 32
 #ifndef INFINITY
@@ -42,8 +43,59 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
 }
 
-// Rotary embedding of x (n, heads, d) in place; positions pos[n]. neox rotates the halves
-// (i, i + d/2), normal rotates adjacent pairs (2i, 2i + 1). theta = pos * scale * base^(-2i/d) / ff[i].
+// rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),
+// so the q/k/v (or gate/up) mat-vecs that read it need no quantize_x launch. dim % 32 == 0;
+// each warp quantizes whole 32-element blocks of the row it normalised.
+extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
+                                     float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
+                                     float2* __restrict__ xds, int kbp) {
+    const float* xr = x + (long long)blockIdx.x * dim;
+    float* orow = out + (long long)blockIdx.x * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(block_sum(ss) / dim + eps);
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    for (int kb = warp; kb < dim / 32; kb += nw) {
+        int i = kb * 32 + lane;
+        float v = xr[i] * inv * w[i];
+        orow[i] = v;
+        quantize_block32(v, lane, xq + (long long)blockIdx.x * 2 * dim + kb * 32, dim,
+                         xds + (long long)blockIdx.x * kbp + kb);
+    }
+}
+
+// The gated MLP's activation, y = act(g) * u (act 0: SiLU, 1: GELU-tanh), also written in the
+// mat-vec format for ffn_down. One warp per 32-element block of the (n, K) inputs.
+extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* __restrict__ u,
+                                      float* __restrict__ y, int K, int n, int act, signed char* __restrict__ xq,
+                                      float2* __restrict__ xds, int kbp) {
+    long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    int lane = threadIdx.x % WARP, nkb = K / 32;
+    if (gw >= (long long)n * nkb) return;
+    int c = gw / nkb, kb = gw % nkb;
+    long long i = (long long)c * K + kb * 32 + lane;
+    float a = g[i], v;
+    if (act == 0) v = a / (1.0f + expf(-a)) * u[i];
+    else v = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u[i];
+    y[i] = v;
+    quantize_block32(v, lane, xq + (long long)c * 2 * K + kb * 32, K, xds + (long long)c * kbp + kb);
+}
+
+// Rotary embedding of one pair (xa, xb) of element pair i of a head at position p:
+// theta = p * scale * base^(-2i/d) / ff[i]. neox pairs the halves (i, i + d/2), normal pairs
+// adjacent elements (2i, 2i + 1): the caller picks the indices.
+__device__ __forceinline__ void rope_pair(float& xa, float& xb, int p, int i, int d, float base, float scale,
+                                          const float* __restrict__ ff) {
+    float inv = powf(base, -2.0f * i / d);
+    if (ff) inv /= ff[i];
+    float s, c;
+    sincosf((float)p * scale * inv, &s, &c);
+    float a = xa, b = xb;
+    xa = a * c - b * s;
+    xb = a * s + b * c;
+}
+
+// Rotary embedding of x (n, heads, d) in place; positions pos[n].
 extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict__ pos, int n, int heads, int d,
                                     float base, float scale, int neox, const float* __restrict__ ff) {
     int half = d / 2;
@@ -51,17 +103,39 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict
     if (t >= (long long)n * heads * half) return;
     int i = t % half;
     long long row = t / half;  // token * heads + head
-    int tok = row / heads;
-    float inv = powf(base, -2.0f * i / d);
-    if (ff) inv /= ff[i];
-    float theta = (float)pos[tok] * scale * inv;
-    float s, c;
-    sincosf(theta, &s, &c);
     float* xr = x + row * d;
     int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    float xa = xr[a], xb = xr[b];
-    xr[a] = xa * c - xb * s;
-    xr[b] = xa * s + xb * c;
+    rope_pair(xr[a], xr[b], pos[row / heads], i, d, base, scale, ff);
+}
+
+// rope of q in place and of k, then k and v into the f16 cache at slot pos % slots: what
+// rope_f32 twice and kv_write_f16 do, in one launch (a decode step runs one per layer).
+// Threads cover (token, head, pair) over the q heads and then the k heads.
+extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                   __half* __restrict__ K, __half* __restrict__ V, const int* __restrict__ pos,
+                                   int n, int hq, int hkv, int d, float base, float scale, int neox,
+                                   const float* __restrict__ ff, int slots) {
+    int half = d / 2;
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n * (hq + hkv) * half) return;
+    int i = t % half;
+    long long row = t / half;  // token * (hq + hkv) + head
+    int tok = row / (hq + hkv), h = row % (hq + hkv);
+    int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    int p = pos[tok];
+    if (h < hq) {
+        float* xr = q + ((long long)tok * hq + h) * d;
+        rope_pair(xr[a], xr[b], p, i, d, base, scale, ff);
+        return;
+    }
+    long long src = ((long long)tok * hkv + (h - hq)) * d;
+    long long dst = ((long long)(p % slots) * hkv + (h - hq)) * d;
+    float ka = k[src + a], kb = k[src + b];
+    rope_pair(ka, kb, p, i, d, base, scale, ff);
+    K[dst + a] = __float2half_rn(ka);
+    K[dst + b] = __float2half_rn(kb);
+    V[dst + a] = __float2half_rn(v[src + a]);
+    V[dst + b] = __float2half_rn(v[src + b]);
 }
 
 // K/V (n, kv_heads, d) f32 -> the f16 cache rows at slot pos % slots.
@@ -130,25 +204,37 @@ extern "C" __global__ void attn_decode_partial(const float* __restrict__ q, cons
     }
 }
 
-// Decode attention, pass 2: merge the splits of each head (one warp per head).
+// Decode attention, pass 2: merge the splits of each head. One block per head, one thread
+// per output element (blockDim = d); the first warp turns the splits' (max, sum) into weights
+// once for the block (a warp per head walking splits x elements serially took 6 us a layer).
 extern "C" __global__ void attn_decode_merge(const float* __restrict__ part_o, const float* __restrict__ part_ms,
                                              float* __restrict__ out, int heads, int d, int splits) {
-    int h = blockIdx.x, lane = threadIdx.x;
-    float M = -INFINITY;
-    for (int sp = 0; sp < splits; sp++) M = fmaxf(M, part_ms[((long long)sp * heads + h) * 2]);
-    float S = 0.f;
-    for (int sp = 0; sp < splits; sp++) {
-        float m = part_ms[((long long)sp * heads + h) * 2];
-        if (m != -INFINITY) S += part_ms[((long long)sp * heads + h) * 2 + 1] * __expf(m - M);
-    }
-    for (int e = lane; e < d; e += WARP) {
-        float o = 0.f;
-        for (int sp = 0; sp < splits; sp++) {
-            float m = part_ms[((long long)sp * heads + h) * 2];
-            if (m != -INFINITY) o += part_o[((long long)sp * heads + h) * d + e] * __expf(m - M);
+    __shared__ float wgt[64];
+    __shared__ float inv_s;
+    int h = blockIdx.x, e = threadIdx.x;
+    if (threadIdx.x < WARP) {  // splits <= 64: lanes take two each
+        float m[2], sm[2], M = -INFINITY;
+        for (int j = 0; j < 2; j++) {
+            int sp = threadIdx.x + j * WARP;
+            m[j] = sp < splits ? part_ms[((long long)sp * heads + h) * 2] : -INFINITY;
+            sm[j] = sp < splits ? part_ms[((long long)sp * heads + h) * 2 + 1] : 0.f;
+            M = fmaxf(M, m[j]);
         }
-        out[(long long)h * d + e] = o / S;
+        M = warp_max(M);
+        float S = 0.f;
+        for (int j = 0; j < 2; j++) {
+            float w = m[j] == -INFINITY ? 0.f : __expf(m[j] - M);
+            wgt[threadIdx.x + j * WARP] = w;
+            S += sm[j] * w;
+        }
+        S = warp_sum(S);
+        if (threadIdx.x == 0) inv_s = 1.0f / S;
     }
+    __syncthreads();
+    if (e >= d) return;
+    float o = 0.f;
+    for (int sp = 0; sp < splits; sp++) o += part_o[((long long)sp * heads + h) * d + e] * wgt[sp];
+    out[(long long)h * d + e] = o * inv_s;
 }
 
 // Prefill attention: masked softmax over f32 scores (rows, L) in place, one block per row.

@@ -68,15 +68,20 @@ def test_cut_real_gemma_matches_cpu(matmul_path):
     assert err < 2e-2 and agree >= 0.95, (err, agree)
 
 
-@pytest.mark.parametrize("window", [0, 7])
-def test_attention_prefill_and_decode_match_numpy(window):
-    n_ctx, hq, hkv, d = 64, 8, 2, 128
+@pytest.mark.parametrize("window", [0, 7, 70])
+@pytest.mark.parametrize("d,chunk", [(128, 16), (128, 100), (64, 130), (256, 70), (192, 16)])
+def test_attention_prefill_and_decode_match_numpy(window, d, chunk):
+    """Prefill chunks (the flash kernel for d in 64/128/256, cuBLAS for others; chunks past
+    one CTA's 64 queries), then single-token decode steps, against the NumPy attention."""
+    hq, hkv = 8, 2
+    n_ctx = 3 * chunk + 16
     cpu, gpu = CpuBackend(2), CudaBackend(DeviceMemory())
-    slots = (n_ctx,) if not window else (window + 16 - 1,)
+    slots = (n_ctx,) if not window else (window + chunk - 1,)
     cc, gc = cpu.alloc_kv(cpu.untracked(), slots, n_ctx, hkv, d), gpu.alloc_kv(gpu.untracked(), slots, n_ctx, hkv, d)
-    for start in range(0, n_ctx, 16):
-        n = 16 if start < 48 else 1  # prefill chunks, then single-token decode steps
-        for t0 in range(start, start + 16, n):
+    for start in range(0, n_ctx, chunk):
+        n = chunk if start < 3 * chunk else 1  # prefill chunks, then single-token decode steps
+        for t0 in range(start, min(start + chunk, n_ctx), n):
+            cc.n_tokens = gc.n_tokens = t0
             pos = np.arange(t0, t0 + n)
             k, v = (rng.standard_normal((n, hkv, d)).astype(np.float32) for _ in range(2))
             q = rng.standard_normal((n, hq, d)).astype(np.float32)
@@ -86,7 +91,8 @@ def test_attention_prefill_and_decode_match_numpy(window):
             gpu.kv_write(gc, 0, gpos, cp.asarray(k), cp.asarray(v))
             want = cpu.attention(q, cc, 0, pos, window, 0.1)
             got = cp.asnumpy(gpu.attention(cp.asarray(q), gc, 0, gpos if n == 1 else pos, window, 0.1))
-            assert rel(got, want) < 1e-3
+            # The flash kernel multiplies f16 q and f16 probabilities (f32 sums): ~1e-4..1e-3.
+            assert rel(got, want) < 2e-3, (t0, n, rel(got, want))
 
 
 def test_decode_graph_equals_eager(synth_model):

@@ -101,22 +101,18 @@ class LlamaModel:
         base = s.rope_base_swa if swa else s.rope_base
         scale = 1.0 if swa else s.rope_scale
         neox = s.rope_type == "neox"
-        q = be.rope(q, positions, base, scale, neox, self.freq_factors)
-        k = be.rope(k, positions, base, scale, neox, self.freq_factors)
-        be.kv_write(cache, i, positions, k, v)
+        q = be.rope_kv(q, k, v, cache, i, positions, base, scale, neox, self.freq_factors)
         window = s.sliding_window if swa else 0
         return be.attention(q, cache, i, positions, window, s.attn_scale)
 
     def project(self, x, name: str):
-        y = self.be.matmul(x, self.w[name + ".weight"])
-        bias = self.w.get(name + ".bias")
-        return y if bias is None else y + bias.data
+        return self.be.matmul(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def layer(self, i: int, x, positions, cache: KVCache):
         s, be, p = self.spec, self.be, f"blk.{i}."
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
-        x = x + be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"])
+        x = be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"], residual=x)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
         g = be.matmul(h, self.w[p + "ffn_gate.weight"])
         u = be.matmul(h, self.w[p + "ffn_up.weight"])
-        return x + be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"])
+        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=x)

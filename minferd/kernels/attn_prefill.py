@@ -1,0 +1,59 @@
+"""Launcher of attn_prefill.cu: causal (and sliding-window) GQA attention of a prefill chunk
+against the f16 KV cache, scores never leaving registers. Enqueues one kernel on the current
+stream; no allocation, no synchronisation. CPU reference: backend/cpu.py's attention."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import module
+
+BQ = 64  # queries per CTA
+KEY_TILE = {32: 64, 64: 64, 96: 64, 128: 64, 256: 32}  # head dim -> keys per shared tile
+HEAD_DIMS = tuple(KEY_TILE)
+_ROW_PAD = 8
+
+
+def _name(d: int) -> str:
+    return f"attn_prefill<{d}, {KEY_TILE[d]}>"
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_name(d) for d in HEAD_DIMS)
+
+
+def smem_bytes(d: int) -> int:
+    return (BQ + 2 * KEY_TILE[d]) * (d + _ROW_PAD) * 2
+
+
+@functools.lru_cache(maxsize=None)
+def _fn(d: int):
+    f = module("attn_prefill", names()).get_function(_name(d))
+    f.max_dynamic_shared_size_bytes = smem_bytes(d)  # past the default 48 KB for d >= 128
+    return f
+
+
+def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float) -> None:
+    """out (n, hq * d) f32 = attention of q (n, hq, d) f32 at positions first..first+n-1 over the
+    cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none."""
+    n, hq, d = q.shape
+    slots, hkv = K.shape[0], K.shape[1]
+    if d not in KEY_TILE:
+        raise ValueError(f"attn_prefill: head dim {d}, supported {HEAD_DIMS}")
+    if q.dtype != np.float32 or not q.flags.c_contiguous:
+        raise ValueError(f"attn_prefill: q must be C-contiguous float32, got {q.dtype}")
+    if K.dtype != np.float16 or V.dtype != np.float16 or K.shape != V.shape or K.shape[2] != d \
+            or not (K.flags.c_contiguous and V.flags.c_contiguous):
+        raise ValueError(f"attn_prefill: K, V must be C-contiguous float16 (slots, hkv, {d}), got {K.shape} {V.shape}")
+    if hq % hkv:
+        raise ValueError(f"attn_prefill: {hq} query heads over {hkv} kv heads")
+    if out.dtype != np.float32 or out.shape != (n, hq * d) or not out.flags.c_contiguous:
+        raise ValueError(f"attn_prefill: out must be C-contiguous float32 {(n, hq * d)}")
+    if not 0 <= lo <= first or first + n - lo > slots:
+        raise ValueError(f"attn_prefill: keys {lo}..{first + n - 1} do not fit a ring of {slots} slots")
+    qscale = np.float32(scale * math.log2(math.e))  # the kernel takes exp2
+    _fn(d)(((n + BQ - 1) // BQ, hq), (128,),
+           (q, K, V, out, np.int32(n), np.int32(hq), np.int32(hkv), np.int32(slots), np.int32(first),
+            np.int32(lo), np.int32(window), qscale), shared_mem=smem_bytes(d))

@@ -1,0 +1,119 @@
+"""The decode step's fused kernels against the unfused ones they replace: the same values
+(bit for bit where the arithmetic is the same), so a fusion can never change what a model says.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from minferd.backend.base import Weight  # noqa: E402
+from minferd.backend.cuda import CudaBackend, DeviceMemory, gemm_f32  # noqa: E402
+from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
+from minferd.kernels.quant import TYPES  # noqa: E402
+from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+
+rng = np.random.default_rng(5)
+
+
+def vec(a) -> Weight:
+    return Weight("v", TYPES["F32"], (a.shape[-1],), cp.asarray(a, cp.float32), None)
+
+
+def quantized(x):
+    s = cp.zeros(scratch_bytes(*x.shape), cp.uint8)
+    quantize_x(cp.ascontiguousarray(x), s)
+    return cp.asnumpy(s)
+
+
+@pytest.fixture
+def be():
+    return CudaBackend(DeviceMemory())
+
+
+@pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024)])
+def test_rmsnorm_leaves_quantize_x_format(be, n, d):
+    x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
+    w = vec(rng.standard_normal(d).astype(np.float32))
+    with be.scope():
+        out = be.rmsnorm(x, w, 1e-6)
+        fused = cp.asnumpy(be._quantized(out))  # the scratch rmsnorm_q wrote (a registry hit)
+        assert len(be._xq) == 1
+    ref = cp.asnumpy(x) / np.sqrt(np.mean(cp.asnumpy(x) ** 2, axis=-1, keepdims=True) + 1e-6) * cp.asnumpy(w.data)
+    np.testing.assert_allclose(cp.asnumpy(out), ref, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(fused[:len(quantized(out))], quantized(out))
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gelu_gate"])
+def test_act_gate_leaves_quantize_x_format(be, act):
+    g, u = (cp.asarray(rng.standard_normal((2, 1024)).astype(np.float32)) for _ in range(2))
+    with be.scope():
+        y = getattr(be, act)(g, u)
+        fused = cp.asnumpy(be._quantized(y))
+    big_g, big_u = cp.concatenate([g] * 8), cp.concatenate([u] * 8)  # 16 rows: the elementwise path
+    with be.scope():
+        ref = getattr(be, act)(big_g, big_u)[:2]
+    np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(ref), rtol=1e-6, atol=1e-7)
+    assert np.array_equal(fused, quantized(y))
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_kv_equals_rope_then_kv_write(be, neox):
+    n, hq, hkv, d, slots = 5, 8, 2, 128, 6
+    q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for h in (hq, hkv, hkv))
+    ff = cp.asarray(rng.uniform(1, 4, d // 2).astype(np.float32))
+    pos = cp.asarray(np.arange(3, 3 + n), cp.int32)  # wraps the 6-slot ring
+    caches = [be.alloc_kv(be.untracked(), (slots,), 16, hkv, d) for _ in range(2)]
+    for c in caches:
+        c.k[0].fill(0)
+        c.v[0].fill(0)
+    fused_q = be.rope_kv(cp.asarray(q), cp.asarray(k), cp.asarray(v), caches[0], 0, pos, 1e4, 0.5, neox, ff)
+    ref_q = be.rope(cp.asarray(q), pos, 1e4, 0.5, neox, ff)
+    be.kv_write(caches[1], 0, pos, be.rope(cp.asarray(k), pos, 1e4, 0.5, neox, ff), cp.asarray(v))
+    assert np.array_equal(cp.asnumpy(fused_q), cp.asnumpy(ref_q))
+    for a, b in ((caches[0].k[0], caches[1].k[0]), (caches[0].v[0], caches[1].v[0])):
+        assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "F16"])
+def test_mmvq_bias_and_residual(name):
+    qt = TYPES[name]
+    n, rows, K = 3, 77, 512
+    w = cp.asarray(random_blocks(qt, rows, K, rng))
+    x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(rows).astype(np.float32))
+    res = cp.asarray(rng.standard_normal((n, rows)).astype(np.float32))
+    plain, fused = cp.empty((n, rows), cp.float32), cp.empty((n, rows), cp.float32)
+    mmvq(qt, w, x, plain)
+    mmvq(qt, w, x, fused, bias=bias, residual=res)
+    np.testing.assert_allclose(cp.asnumpy(fused), cp.asnumpy(plain + bias + res), rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="bias"):
+        mmvq(qt, w, x, fused, bias=bias[:5])
+
+
+def test_gemm_f32_matches_f64_and_writes_column_slices():
+    a = rng.standard_normal((300, 256)).astype(np.float16)
+    b = rng.standard_normal((200, 256)).astype(np.float16)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    out = cp.full((300, 450), np.nan, cp.float32)
+    gemm_f32(cp.asarray(a), cp.asarray(b), out[:, 100:300])
+    got = cp.asnumpy(out)
+    assert np.linalg.norm(got[:, 100:300] - ref) / np.linalg.norm(ref) < 1e-6
+    assert np.isnan(got[:, :100]).all() and np.isnan(got[:, 300:]).all()
+
+
+def test_small_batch_quantizes_a_shared_input_once(be):
+    """q/k/v read one normalised input: one int8 copy serves all three, made by rmsnorm_q."""
+    x = cp.asarray(rng.standard_normal((1, 512)).astype(np.float32))
+    ws = [Weight(f"w{i}", TYPES["Q4_K"], (512, 64), cp.asarray(random_blocks(TYPES["Q4_K"], 64, 512, rng)), None)
+          for i in range(3)]
+    with be.scope():
+        h = be.rmsnorm(x, vec(np.ones(512, np.float32)), 1e-6)
+        outs = [be.matmul(h, w) for w in ws]
+        assert len(be._xq) == 1
+    assert not be._xq  # the pass's scope let it go
+    for w, o in zip(ws, outs):
+        ref = cp.empty_like(o)
+        mmvq(w.qtype, w.data, h, ref)
+        assert np.array_equal(cp.asnumpy(o), cp.asnumpy(ref))
