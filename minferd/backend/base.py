@@ -169,6 +169,11 @@ class Backend(ABC):
     @abstractmethod
     def kv_write(self, cache: KVCache, layer: int, positions: np.ndarray, k, v) -> None: ...
 
+    def matmuls(self, x, ws: list[Weight], biases: list | None = None) -> list:
+        """x times each of several weights (q/k/v, gate/up: one input, several products); the
+        CUDA backend runs a decode step's group as one launch."""
+        return [self.matmul(x, w, b) for w, b in zip(ws, biases or [None] * len(ws))]
+
     def rope_kv(self, q, k, v, cache: KVCache, layer: int, positions, base: float, scale: float, neox: bool,
                 freq_factors=None):
         """Rope q and k, append k and v to the cache; returns the rotated q. (The CUDA backend

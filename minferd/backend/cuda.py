@@ -18,12 +18,13 @@ from minferd.kernels import module
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes as xq_bytes, xq_layout
+from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
 
 from minferd.devices import CUDA_MAX_BATCH, DEQUANT_ROWS
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
+RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
 DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid keeps graphs valid)
 
 
@@ -130,12 +131,12 @@ class CudaBackend(Backend):
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
-        # Converted forms of this pass's activations by (address, shape) -> (array, converted):
-        # q/k/v and gate/up read the same input, which is quantized (or cast to f16) once. The
-        # entry holds the array, so its memory cannot be reused by another while it is here;
-        # nothing writes such an input in place afterwards.
-        self._xq: dict[int, tuple] = {}
-        self._x16: dict[int, tuple] = {}
+        # The converted form of the latest matmul input, (key, array, converted): q/k/v and
+        # gate/up read one input back to back, which is quantized (or cast to f16) once. One
+        # slot: a pass's scratch must not grow with its layers. The slot holds the array, so
+        # its memory cannot be reused while it is there; nothing writes such an input in place.
+        self._xq: tuple | None = None
+        self._x16: tuple | None = None
 
     # ---- memory --------------------------------------------------------------------------
     def upload(self, mem, name, qtype: QuantType, shape, raw) -> Weight:
@@ -182,8 +183,7 @@ class CudaBackend(Backend):
                     with cp.cuda.using_allocator(self.arena.malloc):
                         yield
             finally:
-                self._xq.clear()
-                self._x16.clear()
+                self._xq = self._x16 = None
 
     def to_device(self, a):
         return cp.asarray(a)
@@ -226,21 +226,44 @@ class CudaBackend(Backend):
             out += residual
         return out
 
+    def matmuls(self, x, ws, biases=None):
+        """A decode step's products of one input: neighbours of one quantized type share a launch."""
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        n = x.shape[0]
+        biases = list(biases or [None] * len(ws))
+        if n > MMVQ_MAX_BATCH:
+            return super().matmuls(x, ws, biases)
+        outs, i = [], 0
+        while i < len(ws):
+            j = i + 1
+            while j < len(ws) and j - i < MMVQ_GROUP and ws[j].qtype == ws[i].qtype \
+                    and ws[j].row_elems == ws[i].row_elems:
+                j += 1
+            if not ws[i].qtype.is_quantized or j - i == 1:
+                outs += [self.matmul(x, ws[i], biases[i])]
+                i += 1
+                continue
+            group = [cp.empty((n, w.n_rows), cp.float32) for w in ws[i:j]]
+            mmvq_group(ws[i].qtype, [w.data for w in ws[i:j]], x, group, scratch=self._quantized(x),
+                       x_quantized=True, biases=[None if b is None else b.data for b in biases[i:j]])
+            outs += group
+            i = j
+        return outs
+
     def _quantized(self, x):
         """x (n <= 8, K) in the mat-vec kernels' int8 format: made once per array and pass."""
-        hit = self._xq.get(_key(x))
-        if hit is not None:
-            return hit[1]
+        if self._xq is not None and self._xq[0] == _key(x):
+            return self._xq[2]
         scratch = self._new_xq(x)
         quantize_x(x, scratch)
         return scratch
 
     def _as_f16(self, x):
-        hit = self._x16.get(_key(x))
-        if hit is not None:
-            return hit[1]
+        if self._x16 is not None and self._x16[0] == _key(x):
+            return self._x16[2]
+        self._x16 = None  # let the previous copy go before the next is made
         x16 = x.astype(cp.float16)
-        self._x16[_key(x)] = (x, x16)
+        self._x16 = (_key(x), x, x16)
         return x16
 
     def embed(self, ids, w: Weight):
@@ -256,7 +279,7 @@ class CudaBackend(Backend):
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            _ops().get_function("rmsnorm_q")((x.shape[0],), (1024,), (x, weight.data, out, np.int32(d),
+            _ops().get_function("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
                                                                     np.float32(eps)) + self._xq_args(scratch, out))
             return out
         _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps)))
@@ -268,8 +291,9 @@ class CudaBackend(Backend):
         return x.ndim == 2 and x.shape[0] <= MMVQ_MAX_BATCH and x.shape[1] % 32 == 0
 
     def _new_xq(self, x):
+        self._xq = None
         scratch = cp.empty(xq_bytes(*x.shape), cp.uint8)
-        self._xq[_key(x)] = (x, scratch)
+        self._xq = (_key(x), x, scratch)
         return scratch
 
     @staticmethod
@@ -356,7 +380,8 @@ class CudaBackend(Backend):
                                         np.int32(DECODE_SPLITS), part_o, part_ms))
         out = cp.empty((1, hq * d), cp.float32)
         _ops().get_function("attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                                               np.int32(DECODE_SPLITS)))
+                                                               np.int32(DECODE_SPLITS))
+                                                 + self._xq_args(self._new_xq(out), out))
         return out
 
     def swiglu(self, gate, up):

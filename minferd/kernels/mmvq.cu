@@ -467,16 +467,29 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // and add up through shared memory. Per step a lane fetches UNR units of each of its R rows
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
 // compiler keeps them together), then decodes and multiplies the valid ones.
+//
+// Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
+// launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
+// each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
+// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
-mmvq(const u8* __restrict__ W, i64 row_bytes, int nrows, int nb, const i8* __restrict__ xq,
-     const float2* __restrict__ xds, int K, int kbp, int ncols, float* __restrict__ out,
-     const float* __restrict__ bias, const float* __restrict__ res) {
+mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
+     int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+     const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
+     i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
+     const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
+  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
+  const u8* __restrict__ W = seg == 0 ? W0 : (seg == 1 ? W1 : W2);
+  const int nrows = seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2);
+  float* __restrict__ out = seg == 0 ? out0 : (seg == 1 ? out1 : out2);
+  const float* __restrict__ bias = seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2);
+  const int bx = blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
-  const int row0 = (blockIdx.x * (NW / KW) + warp / KW) * R;
+  const int row0 = (bx * (NW / KW) + warp / KW) * R;
   if (KW == 1 && row0 >= nrows) return;  // with KW > 1 every warp must reach __syncthreads
   const int nunits = nb * U;
   float acc[R][NC];

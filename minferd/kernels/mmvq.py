@@ -189,13 +189,13 @@ def quantize_x(x, scratch, *, stream=None) -> None:
                           (x, np.int32(K), np.int32(n), np.int32(kbp), np.uint64(p), np.uint64(p + off)))
 
 
-def _epilogue(bias, residual, out):
-    """Device pointers (0 = none) of the bias (rows,) and residual (n, rows) f32 added to out."""
-    n, rows = out.shape
-    for a, shape, what in ((bias, (rows,), "bias"), (residual, (n, rows), "residual")):
-        if a is not None and (a.dtype != np.float32 or a.shape != shape or not a.flags.c_contiguous):
-            raise ValueError(f"mmvq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
-    return (np.uint64(0 if bias is None else bias.data.ptr), np.uint64(0 if residual is None else residual.data.ptr))
+def _check_f32(a, shape, what):
+    if a is not None and (a.dtype != np.float32 or a.shape != shape or not a.flags.c_contiguous):
+        raise ValueError(f"mmvq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
+
+
+def _ptr(a) -> np.uint64:
+    return np.uint64(0 if a is None else a.data.ptr)
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
@@ -207,22 +207,50 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs)."""
     qt = _qt(qt)
+    if qt.name not in FLOAT_TYPES:
+        mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
+                   biases=[bias], residual=residual)
+        return
     _check_x(x)
     n, K = x.shape
     rows = w.shape[0]
     rb = check_rows(qt, w, K)
-    if out.dtype != np.float32 or out.shape != (n, rows) or not out.flags.c_contiguous:
-        raise ValueError(f"mmvq: out must be C-contiguous float32 {(n, rows)}, got {out.dtype} {tuple(out.shape)}")
+    _check_f32(out, (n, rows), "out")
+    _check_f32(bias, (rows,), "bias")
+    _check_f32(residual, (n, rows), "residual")
     if rows == 0:
         return
-    ep = _epilogue(bias, residual, out)
-    nc = bucket(n)
+    vec = 8 if K % 8 == 0 and rb % 16 == 0 and w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0 else 1
+    with _stream(stream):
+        _fn(_float_name(qt, bucket(n), vec))(((rows + 3) // 4,), (128,),
+                                             (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out,
+                                              _ptr(bias), _ptr(residual)))
+
+
+MAX_GROUP = 3
+
+
+def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
+               biases=None, residual=None) -> None:
+    """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
+    type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
+    with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix."""
+    qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
-        vec = 8 if K % 8 == 0 and rb % 16 == 0 and w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0 else 1
-        with _stream(stream):
-            _fn(_float_name(qt, nc, vec))(((rows + 3) // 4,), (128,),
-                                          (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out) + ep)
-        return
+        raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
+    if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
+        raise ValueError(f"mmvq_group: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
+    biases = list(biases or [None] * len(ws))
+    if len(biases) != len(ws) or (residual is not None and len(ws) != 1):
+        raise ValueError("mmvq_group: one bias slot per matrix; a residual only with one matrix")
+    _check_x(x)
+    n, K = x.shape
+    rbs = {check_rows(qt, w, K) for w in ws}
+    for w, out, b in zip(ws, outs, biases):
+        _check_f32(out, (n, w.shape[0]), "out")
+        _check_f32(b, (w.shape[0],), "bias")
+    _check_f32(residual, (n, ws[0].shape[0]), "residual")
+    nc = bucket(n)
     if scratch is None:
         if x_quantized:
             raise ValueError("mmvq: x_quantized needs the scratch that holds it")
@@ -234,12 +262,23 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     else:
         _check_scratch(scratch, n, K)
     off, kbp, _ = xq_layout(n, K)
-    cfg = config or CONFIGS[qt.name][nc][shape_class(rows, K)]
+    rows = [w.shape[0] for w in ws]
+    cfg = config or CONFIGS[qt.name][nc][shape_class(max(rows), K)]
     nw, kw, r, _ = cfg
     per_cta = nw // kw * r
+    ctas = [(m + per_cta - 1) // per_cta for m in rows]
+    if sum(ctas) == 0:
+        return
+    pad = MAX_GROUP - len(ws)
+    W = [w for w in ws] + [ws[-1]] * pad
+    R = rows + [0] * pad
+    O = list(outs) + [outs[-1]] * pad
+    B = [_ptr(b) for b in biases] + [np.uint64(0)] * pad
+    cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
         _fn(kernel_name(qt, nc, cfg))(
-            ((rows + per_cta - 1) // per_cta,), (nw * 32,),
-            (w, np.int64(rb), np.int32(rows), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), out) + ep)
+            (sum(ctas),), (nw * 32,),
+            (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
+             np.int64(rbs.pop()), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))

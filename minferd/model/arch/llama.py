@@ -91,9 +91,11 @@ class LlamaModel:
         """Project, rope, cache and attend; returns the attention output before attn_output."""
         s, be, p = self.spec, self.be, f"blk.{i}."
         n = x.shape[0]
-        q = self.project(x, p + "attn_q").reshape(n, s.n_heads, s.head_dim)
-        k = self.project(x, p + "attn_k").reshape(n, s.n_kv_heads, s.head_dim)
-        v = self.project(x, p + "attn_v").reshape(n, s.n_kv_heads, s.head_dim)
+        names = [p + "attn_q", p + "attn_k", p + "attn_v"]
+        q, k, v = be.matmuls(x, [self.w[m + ".weight"] for m in names], [self.w.get(m + ".bias") for m in names])
+        q = q.reshape(n, s.n_heads, s.head_dim)
+        k = k.reshape(n, s.n_kv_heads, s.head_dim)
+        v = v.reshape(n, s.n_kv_heads, s.head_dim)
         if s.qk_norm:
             q = be.rmsnorm(q, self.w[p + "attn_q_norm.weight"], s.norm_eps)
             k = be.rmsnorm(k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
@@ -105,14 +107,10 @@ class LlamaModel:
         window = s.sliding_window if swa else 0
         return be.attention(q, cache, i, positions, window, s.attn_scale)
 
-    def project(self, x, name: str):
-        return self.be.matmul(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
-
     def layer(self, i: int, x, positions, cache: KVCache):
         s, be, p = self.spec, self.be, f"blk.{i}."
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
         x = be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"], residual=x)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
-        g = be.matmul(h, self.w[p + "ffn_gate.weight"])
-        u = be.matmul(h, self.w[p + "ffn_up.weight"])
+        g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
         return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=x)
