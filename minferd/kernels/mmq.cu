@@ -47,7 +47,6 @@
 constexpr int BK = 128;          // K elements per pipeline step (4 chunks of 32)
 constexpr int ROWB = BK + 16;    // bytes per smem row (padding: conflict-free ldmatrix)
 constexpr int MP_ALIGN = 128;    // x rows are padded to this (the largest BM)
-constexpr int KP_ALIGN = 128;    // K is padded to this (= BK)
 
 // Spread the 4 bits of n (0..15) to bit 4 of each byte: the 5th bit of 4 Q5 elements.
 __device__ __forceinline__ u32 spread4(u32 n) { return (n * 0x02040810u) & 0x10101010u; }
@@ -577,6 +576,19 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
     const float* sxd = reinterpret_cast<const float*>(st + S::XD) + c * BM;
     const float* sxs = reinterpret_cast<const float*>(st + S::XS) + c * BM;
     const float4* sxs16 = reinterpret_cast<const float4*>(st + S::XS16) + c * BM / 2;
+    float sc[TN][2][NS];  // row scales of rows g (h = 0) and g + 8 of each 16-row tile
+#pragma unroll
+    for (int i = 0; i < TN; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* rs = ws + (wn * TN * 16 + 16 * i + g + 8 * h) * NS;
+        if constexpr (NS == 1) sc[i][h][0] = rs[0];
+        if constexpr (NS == 2) { const float2 v = *reinterpret_cast<const float2*>(rs); sc[i][h][0] = v.x; sc[i][h][1] = v.y; }
+        if constexpr (NS == 4) {
+          const float4 v = *reinterpret_cast<const float4*>(rs);
+          sc[i][h][0] = v.x; sc[i][h][1] = v.y; sc[i][h][2] = v.z; sc[i][h][3] = v.w;
+        }
+      }
 #pragma unroll
     for (int j = 0; j < TM; ++j) {
       const int col = wm * TM * 8 + 8 * j + 2 * t;  // tokens col, col + 1
@@ -618,25 +630,18 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // row g (h = 0) or g + 8
-          const float* rs = ws + (wn * TN * 16 + 16 * i + g + 8 * h) * NS;
-          float sc[NS];
-          if constexpr (NS == 1) sc[0] = rs[0];
-          if constexpr (NS == 2) { const float2 v = *reinterpret_cast<const float2*>(rs); sc[0] = v.x; sc[1] = v.y; }
-          if constexpr (NS == 4) {
-            const float4 v = *reinterpret_cast<const float4*>(rs);
-            sc[0] = v.x; sc[1] = v.y; sc[2] = v.z; sc[3] = v.w;
-          }
+          const float* r = sc[i][h];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {  // token col + e
             const int ei = 2 * h + e;
             float tt;
-            if constexpr (KIND == 0) tt = f[0][ei] * sc[0];
-            if constexpr (KIND == 1) tt = fmaf(sc[1], e ? sx.y : sx.x, f[0][ei] * sc[0]);
-            if constexpr (KIND == 2) tt = fmaf(f[1][ei], sc[1], f[0][ei] * sc[0]);
+            if constexpr (KIND == 0) tt = f[0][ei] * r[0];
+            if constexpr (KIND == 1) tt = fmaf(r[1], e ? sx.y : sx.x, f[0][ei] * r[0]);
+            if constexpr (KIND == 2) tt = fmaf(f[1][ei], r[1], f[0][ei] * r[0]);
             if constexpr (KIND == 3) {
-              tt = fmaf(f[1][ei], sc[1], f[0][ei] * sc[0]);
-              tt = fmaf(sc[2], e ? s16.z : s16.x, tt);
-              tt = fmaf(sc[3], e ? s16.w : s16.y, tt);
+              tt = fmaf(f[1][ei], r[1], f[0][ei] * r[0]);
+              tt = fmaf(r[2], e ? s16.z : s16.x, tt);
+              tt = fmaf(r[3], e ? s16.w : s16.y, tt);
             }
             acc[i][j][ei] = fmaf(tt, e ? dx.y : dx.x, acc[i][j][ei]);
           }
@@ -665,7 +670,7 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
     for (int ph = 0; ph < PP; ++ph) {
       D dec;
       if (more) dec.fetch(prow[ph], 2 * (s + 1) + plp[ph], nb);
-#pragma unroll
+#pragma unroll 1
       for (int c = ph * (4 / PP); c < (ph + 1) * (4 / PP); ++c) chunk(cur, c);
       if (more) store_piece(dec, ph, s + 1, nxt);
     }
