@@ -6,7 +6,7 @@ Q6_K, Q8_0 rows dequantized inside the GEMM) and cupy.matmul (cuBLAS f16, for sc
 M in {512, 2048} tokens x (N, K) in the Qwen2.5-7B projections. Each figure is the median
 over --reps timed repetitions (after warm-up) of CUDA events around --inner back-to-back
 launches, divided by --inner; TFLOP/s = 2*M*N*K / time. --sweep also times every tile
-config of gemm_f16 (the data behind gemm_f16.py's EFF and pick_config).
+config of gemm_f16 (the data behind gemm_f16.py's RATES and pick_config).
 """
 from __future__ import annotations
 
@@ -56,6 +56,13 @@ def main(argv=None) -> int:
 
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     print(f"device: {dev['name'].decode()}, {dev['multiProcessorCount']} SMs", flush=True)
+    # registers / local memory (spills) of the kernels this bench runs, as NVRTC built them
+    for t in [None] + list(FUSED_TYPES):
+        for c, cfg in sorted(g.CONFIGS.items()):
+            qt = None if t is None else TYPES[t]
+            k = g._fn(g.kernel_name(qt, cfg), g.smem_bytes(qt, cfg))
+            print(f"  {t or 'w16':5s} {c}: {k.num_regs} registers, {k.local_size_bytes} B local, "
+                  f"{g.smem_bytes(qt, cfg)} B smem", flush=True)
     rng = np.random.default_rng(0)
     rows = []
     for N, K in SHAPES:
@@ -83,7 +90,6 @@ def main(argv=None) -> int:
                              "ms": ms, "tflops": flops / ms / 1e9})
                 print(f"  M={M:5d} N={N:6d} K={K:6d} {what:7s} {str(cfg):5s} ({picked}) "
                       f"{ms:8.4f} ms {flops / ms / 1e9:7.1f} TFLOP/s", flush=True)
-        del raws, w16, w16t
 
     # Summary table: default configs.
     cols = ["cublas", "w16"] + list(FUSED_TYPES)

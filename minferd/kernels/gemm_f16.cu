@@ -90,6 +90,13 @@ __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 64 + ((c ^ (
 // (float)q for |q| < 2^22, exactly, without I2F: 0x4B400000 + q is the float 1.5*2^23 + q.
 __device__ __forceinline__ float fint(int q) { return __fsub_rn(__int_as_float(0x4B400000 + q), 12582912.0f); }
 
+// (float)(byte i of n) - off, exactly, for the byte values and offsets used here: PRMT puts
+// the byte under the exponent of 1.5*2^23 (0x4B4000bb), and one exact f32 subtract removes
+// 1.5*2^23 + off. Replaces a shift, a mask, an add and I2F per element in the hot decoders.
+__device__ __forceinline__ float byte_f(u32 n, int i, float off) {
+  return __fsub_rn(__uint_as_float(__byte_perm(n, 0x4B400000u, 0x7650 + i)), 12582912.0f + off);
+}
+
 // ---- shared-memory decoders: blocks.cuh's dec8, operation for operation ------------------
 // Loads as wide as blocks.cuh's for the same field (the staged copy has global's alignment).
 __device__ __forceinline__ u32 s16(const u8* p) { return *reinterpret_cast<const u16*>(p); }
@@ -189,9 +196,10 @@ template <> struct SDec<T_Q8_0> {
   __device__ static void dec8(const u8* blk, int e0, float* v) {
     const float d = h2f((u16)s16(blk));
     const u8* q = blk + 2 + e0;
-    const u32 w0 = s32a2(q), w1 = s32a2(q + 4);
+    // int8 q + 128 = (q ^ 0x80) as a byte: byte_f with off = 128 gives (float)q exactly.
+    const u32 w0 = s32a2(q) ^ 0x80808080u, w1 = s32a2(q + 4) ^ 0x80808080u;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(fint((int)(i8)byte_of(w0, w1, i)), d);
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(byte_f(i < 4 ? w0 : w1, i & 3, 128.f), d);
   }
 };
 
@@ -239,8 +247,10 @@ template <> struct SDec<T_Q4_K> {
     const float dl = __fmul_rn(d, fint(sc)), ml = __fmul_rn(dmin, fint(m));
     const uint2 w = s64a8(blk + 16 + 32 * (sb >> 1) + l0);
     const int sh = (sb & 1) ? 4 : 0;
+    // the nibble of every byte at once: (byte >> sh) & 0xF for 4 bytes per word
+    const u32 n0 = (w.x >> sh) & 0x0F0F0F0Fu, n1 = (w.y >> sh) & 0x0F0F0F0Fu;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, fint((int)((byte_of(w.x, w.y, i) >> sh) & 0xF))), ml);
+    for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, byte_f(i < 4 ? n0 : n1, i & 3, 0.f)), ml);
   }
 };
 
@@ -273,10 +283,60 @@ template <> struct SDec<T_Q6_K> {
     const u8* qh = blk + 128 + 32 * h + l0;
     const u32 a0 = s32a2(ql), a1 = s32a2(ql + 4), b0 = s32a2(qh), b1 = s32a2(qh + 4);
     const int sh = (j >> 1) * 4;
+    // 6-bit q of 4 elements per word: low nibble | (2 high bits << 4), each byte 0..63
+    const u32 n0 = ((a0 >> sh) & 0x0F0F0F0Fu) | (((b0 >> (2 * j)) & 0x03030303u) << 4);
+    const u32 n1 = ((a1 >> sh) & 0x0F0F0F0Fu) | (((b1 >> (2 * j)) & 0x03030303u) << 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int q6 = (int)(((byte_of(a0, a1, i) >> sh) & 0xF) | (((byte_of(b0, b1, i) >> (2 * j)) & 3) << 4)) - 32;
-      v[i] = __fmul_rn(dl, fint(q6));
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(dl, byte_f(i < 4 ? n0 : n1, i & 3, 32.f));  // q6 - 32
+  }
+};
+
+// NG consecutive 8-element groups e0, e0 + 8, ... of one block, all inside one 32-element
+// k-step (so one Q4_K sub-block): by default NG dec8 calls; the hot K-quants read the block
+// header and compute the sub-block scale once per thread per step instead of once per group
+// (the compiler does not merge the repeated shared loads itself). Same operations per value.
+template <int T, int NG> struct SDecN {
+  __device__ static void run(const u8* blk, int e0, float (*v)[8]) {
+#pragma unroll
+    for (int g = 0; g < NG; ++g) SDec<T>::dec8(blk, e0 + 8 * g, v[g]);
+  }
+};
+
+template <int NG> struct SDecN<T_Q4_K, NG> {
+  __device__ static void run(const u8* blk, int e0, float (*v)[8]) {
+    const u32 dd = s32a4(blk);
+    const float d = h2f((u16)dd), dmin = h2f((u16)(dd >> 16));
+    const int sb = e0 >> 5, l0 = e0 & 31;
+    int sc, m;
+    s_scale_min_k4(blk, sb, sc, m);
+    const float dl = __fmul_rn(d, fint(sc)), ml = __fmul_rn(dmin, fint(m));
+    const int sh = (sb & 1) ? 4 : 0;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      const uint2 w = s64a8(blk + 16 + 32 * (sb >> 1) + l0 + 8 * g);
+      const u32 n0 = (w.x >> sh) & 0x0F0F0F0Fu, n1 = (w.y >> sh) & 0x0F0F0F0Fu;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[g][i] = __fsub_rn(__fmul_rn(dl, byte_f(i < 4 ? n0 : n1, i & 3, 0.f)), ml);
+    }
+  }
+};
+
+template <int NG> struct SDecN<T_Q6_K, NG> {
+  __device__ static void run(const u8* blk, int e0, float (*v)[8]) {
+    const float d = h2f((u16)s16(blk + 208));
+    const int h = e0 >> 7, j = (e0 >> 5) & 3, l0 = e0 & 31, sh = (j >> 1) * 4;
+    const u8* ql = blk + 64 * h + 32 * (j & 1) + l0;
+    const u8* qh = blk + 128 + 32 * h + l0;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      const int s = (e0 + 8 * g) >> 4;
+      const int sc = (int)(i8)((s16(blk + 192 + (s & ~1)) >> (8 * (s & 1))) & 0xFF);
+      const float dl = __fmul_rn(d, fint(sc));
+      const u32 a0 = s32a2(ql + 8 * g), a1 = s32a2(ql + 8 * g + 4), b0 = s32a2(qh + 8 * g), b1 = s32a2(qh + 8 * g + 4);
+      const u32 n0 = ((a0 >> sh) & 0x0F0F0F0Fu) | (((b0 >> (2 * j)) & 0x03030303u) << 4);
+      const u32 n1 = ((a1 >> sh) & 0x0F0F0F0Fu) | (((b1 >> (2 * j)) & 0x03030303u) << 4);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[g][i] = __fmul_rn(dl, byte_f(i < 4 ? n0 : n1, i & 3, 32.f));
     }
   }
 };
@@ -402,16 +462,17 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
       const int e = (tt - c * G::CH) * BK + j0 * 8;  // element within the chunk
       const u8* rrow = pR + (c & 1) * (BN * G::RS) + rd * G::RS + ((o_row + (u32)(c * G::CB)) & 15);
       const int kg = c * G::KC + e;
+      float v[GPT][8];
+      if constexpr (G::QK == 1) {
+#pragma unroll
+        for (int i = 0; i < GPT; ++i) SDec<BT>::dec8(rrow + (e + 8 * i) * G::BB, 0, v[i]);
+      } else {  // the GPT groups lie in one block (QK >= 32 = BK, steps block-aligned)
+        SDecN<BT, GPT>::run(rrow + (e / G::QK) * G::BB, e % G::QK, v);
+      }
 #pragma unroll
       for (int i = 0; i < GPT; ++i) {
-        float v[8];
-        const int ei = e + 8 * i;
-        if constexpr (G::QK == 1)
-          SDec<BT>::dec8(rrow + ei * G::BB, 0, v);
-        else
-          SDec<BT>::dec8(rrow + (ei / G::QK) * G::BB, ei % G::QK, v);
 #pragma unroll
-        for (int p = 0; p < 4; ++p) dq[i][p] = pack_h2(v[2 * p], v[2 * p + 1]);
+        for (int p = 0; p < 4; ++p) dq[i][p] = pack_h2(v[i][2 * p], v[i][2 * p + 1]);
         // k >= K inside a step happens only for float types (K % 32 != 0); for block types it
         // is only the decode past the last step, into a buffer no mma reads. A mask, not a
         // branch, for the same reason as s_scale_min_k4.
@@ -503,7 +564,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
     const u32 a_s = sA + (t % NS) * (BM * 64);
     if constexpr (FUSED) {
       u32 dq[GPT][4];
-      decode(t + 1, dq);  // past the end: k >= K, zeros into a buffer nobody reads
+      decode(t + 1, dq);  // at t = S-1: past the end, into a buffer no mma reads
       mma_step(a_s, sB + (t & 1) * (BN * 64));
       store_b(t + 1, dq);
     } else {

@@ -10,9 +10,9 @@ stream: no allocation, no synchronisation, no device reads (safe inside CUDA gra
 
 Tile configs (CTA rows BM x columns BN, warp tile WM x WN, CTAs per SM the registers are
 capped for): "L" for large problems (fewest decode instructions per flop: each CTA's B tile
-is decoded once for 256 rows of x), "M" and "S" for problems too small to fill 132 SMs with
-"L" tiles. `pick_config` estimates each config's time from the waves it needs and a
-relative efficiency per config (EFF, from bench/gemm_f16.py on the H200) and takes the least.
+is decoded once for 256 rows of x), "M", "M8" and "S" for problems too small to fill 132
+SMs with "L" tiles (M8 also helps Q6_K/Q8_0 at 512 tokens; w16 prefers M everywhere). `pick_config` estimates each config's time from the waves it needs and the
+throughput measured per config and CTAs per SM (RATES, bench/gemm_f16.py on the H200).
 """
 from __future__ import annotations
 
@@ -35,10 +35,20 @@ Config = tuple[int, int, int, int, int]
 CONFIGS: dict[str, Config] = {
     "L": (256, 128, 64, 64, 1),  # 8 warps, 1 CTA per SM
     "M": (128, 128, 64, 64, 2),  # 4 warps, 2 CTAs per SM
+    "M8": (128, 128, 64, 32, 2),  # 8 warps, 2 CTAs per SM (128 registers: Q6_K/Q8_0 spill a little)
     "S": (64, 64, 32, 32, 4),    # 4 warps, up to 4 CTAs per SM
 }
-# Relative throughput of a config once the GPU is full (L = 1); used only to pick a config.
-EFF: dict[str, float] = {"L": 1.0, "M": 0.85, "S": 0.55}
+# Throughput of each config with c CTAs resident per SM, as TFLOP/s were every SM so busy
+# (index c - 1), by B loader: measured by bench/gemm_f16.py --sweep on the H200 (2026-11-29;
+# c = 1 from shapes with fewer tiles than SMs, the largest c from the 2048 x 18944 x 3584 shape).
+# Only pick_config reads them. Types without their own row use Q6_K's (the slowest decoder,
+# which favours the large tile that is fastest once the GPU is full).
+RATES: dict[str, dict[str, tuple[float, ...]]] = {
+    "w16":  {"L": (319,), "M": (257, 341), "M8": (226, 325), "S": (128, 219, 236, 253)},
+    "Q4_K": {"L": (287,), "M": (186, 254), "M8": (183, 241), "S": (101, 137, 155, 174)},
+    "Q6_K": {"L": (244,), "M": (105, 144), "M8": (125, 161), "S": (68, 97, 107, 118)},
+    "Q8_0": {"L": (282,), "M": (145,), "M8": (165,), "S": (82, 126, 157)},  # M, M8: 1 CTA/SM (smem)
+}
 
 SUPPORTED: frozenset[str] = frozenset(TYPES)
 _SMEM_PER_SM = 228 * 1024  # H100/H200: 228 KB per SM, 1 KB of it reserved per CTA
@@ -96,15 +106,18 @@ def _sm_count() -> int:
 
 
 def pick_config(M: int, N: int, qt: QuantType | None = None) -> str:
-    """The config with the least estimated time: waves x work per wave / efficiency."""
+    """The config with the least estimated time. T tiles on S SMs run c = min(occupancy,
+    ceil(T / S)) at a time per SM, in ceil(T / (S c)) waves of c tiles each, at RATES[c]."""
     sms = _sm_count()
+    rates = RATES["w16" if qt is None else qt.name if qt.name in RATES else "Q6_K"]
     best, best_cost = "L", None
     for name, cfg in CONFIGS.items():
         bm, bn, _, _, minb = cfg
         occ = max(1, min(minb, _SMEM_PER_SM // (smem_bytes(qt, cfg) + 1024)))
         tiles = -(-M // bm) * -(-N // bn)
-        waves = -(-tiles // (sms * occ))
-        cost = waves * bm * bn * occ / EFF[name]
+        c = min(occ, -(-tiles // sms), len(rates[name]))
+        waves = -(-tiles // (sms * c))
+        cost = waves * c * bm * bn / rates[name][c - 1]
         if best_cost is None or cost < best_cost:
             best, best_cost = name, cost
     return best
