@@ -14,7 +14,7 @@ if [ "$stage" = tests ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
   python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf
-  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths w16,mmq -p 512,2048 -n 128 -r 3 \
+  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths w16,mmq,fused_b -p 512,2048 -n 128 -r 3 \
     --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
 fi
 if [ "$stage" = profile ] || [ "$stage" = all ]; then

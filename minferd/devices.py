@@ -61,7 +61,10 @@ def cpu_traits(threads: int) -> DeviceTraits:
 
 
 def cuda_traits() -> DeviceTraits:
-    # Int8 MMQ kernels exist for the quantized types only: float weights go through FUSED_B.
-    paths = {MatmulPath.W16: ALL_TYPES, MatmulPath.MMQ: QUANT_TYPES, MatmulPath.FUSED_B: ALL_TYPES}
+    # What each path covers is what its kernels say (NumPy-only imports: no CuPy needed to plan).
+    # A type outside MMQ's set sends the model to FUSED_B (planner.quantized_path).
+    from minferd.kernels import gemm_f16, mmq
+    paths = {MatmulPath.W16: ALL_TYPES, MatmulPath.MMQ: frozenset(mmq.SUPPORTED),
+             MatmulPath.FUSED_B: frozenset(gemm_f16.SUPPORTED)}
     # Big prefill batches: each pass costs Python a few hundred launches, so fewer, larger passes.
     return DeviceTraits("cuda", 2, paths, default_headroom=1 << 30, max_batch=CUDA_MAX_BATCH)

@@ -83,6 +83,7 @@ class Backend(ABC):
     name: str
     memory: object  # the device's raw memory: empty(shape, dtype), used_bytes()
     kv_dtype: str  # "f32" | "f16"
+    matmul_path: str = "mmq"  # the plan's prefill path, "w16" | "mmq" | "fused_b" (upload_weights sets it)
     max_batch: int = 512  # tokens per forward pass (the device traits' max_batch)
 
     def untracked(self) -> Untracked:

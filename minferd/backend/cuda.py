@@ -18,6 +18,8 @@ from minferd.kernels import module
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
+from minferd.kernels.gemm_f16 import fused_b
+from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
 
@@ -128,6 +130,7 @@ class CudaBackend(Backend):
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
+        self.matmul_path = "mmq"  # the plan's prefill path (set by upload_weights)
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
@@ -208,12 +211,18 @@ class CudaBackend(Backend):
             else:
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
-        x16 = self._as_f16(x)
-        if w.w16 is not None and n >= self.w16_min_tokens:
-            out = gemm_f32(x16, w.w16)
+        if w.w16 is None and self.matmul_path == "mmq" and w.qtype.name in MMQ_TYPES:
+            out = cp.empty((n, w.n_rows), cp.float32)
+            mmq(w.qtype, w.data, x, out)
+        elif w.w16 is None and self.matmul_path in ("mmq", "fused_b"):
+            out = cp.empty((n, w.n_rows), cp.float32)
+            fused_b(w.qtype, w.data, self._as_f16(x), out)
+        elif w.w16 is not None and n >= self.w16_min_tokens:
+            out = gemm_f32(self._as_f16(x), w.w16)
         else:
-            # No resident copy: dequantize row tiles into a temporary and multiply each (MMQ and
-            # FUSED_B replace this in their own kernels).
+            # A W16 model whose copy was dropped (demoted): dequantize row tiles into the
+            # arena and multiply each through cuBLAS, the fastest way without the copy.
+            x16 = self._as_f16(x)
             out = cp.empty((n, w.n_rows), cp.float32)
             for r0 in range(0, w.n_rows, DEQUANT_ROWS):
                 r1 = min(r0 + DEQUANT_ROWS, w.n_rows)

@@ -68,6 +68,7 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
     """Copy every tensor into memory from `mem` (and build W16 copies under that plan).
     On any failure, everything uploaded so far is freed before the error propagates."""
     weights: dict[str, Weight] = {}
+    backend.matmul_path = MatmulPath(path).value  # which prefill kernels its matmuls run
     total = sum(t.n_bytes for t, _ in mf.tensors.values())
     done = 0
     try:
