@@ -51,7 +51,7 @@ def last_used_text(m: dict, now: float) -> str:
 
 
 def plan_text(m: dict) -> str:
-    demoted = m["planned_matmul_path"] and m["planned_matmul_path"] != m["matmul_path"]
+    demoted = m["planned_matmul_path"] == "w16" and m["matmul_path"] != "w16"
     return m["matmul_path"] + ("*" if demoted else "")
 
 

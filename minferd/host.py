@@ -189,7 +189,7 @@ class Host:
             ws = lm.ws
             if ws.w16_bytes() or not lm.idle():
                 return 0
-            need = ws.plan.bytes["w16"] or 2 * ws.file.matmul_elems()
+            need = ws.plan.w16_bytes
             if need > self.ledger.free():
                 return 0
             self.ledger.reserve(ws.tag, need, f"promoting {name}")
@@ -217,7 +217,7 @@ class Host:
         """Demoted models get their f16 copy back, most recently used first, while it fits."""
         done = []
         with self.lock:
-            waiting = [ws.users[0] for ws in self.weight_sets.values() if ws.demoted and ws.users]
+            waiting = [ws.users[0] for ws in self.weight_sets.values() if ws.waiting_for_w16() and ws.users]
             for lm in sorted(waiting, key=lambda m: -max(u.last_used for u in m.ws.users)):
                 if self.promote(lm.name):
                     done.append(lm.name)
@@ -321,8 +321,12 @@ class Host:
     def model_info(self, lm: LoadedModel) -> dict:
         ws, now = lm.ws, time.monotonic()
         path = ws.current_path(self.traits)
-        reason = ws.plan.reason if path == ws.plan.matmul_path else \
-            f"demoted to {path.value} under memory pressure (planned w16: {ws.plan.reason})"
+        if path == ws.plan.matmul_path:
+            reason = ws.plan.reason
+        elif path == MatmulPath.W16:
+            reason = f"promoted to w16 once the f16 copy fit (planned {ws.plan.matmul_path.value}: {ws.plan.reason})"
+        else:
+            reason = f"demoted to {path.value} under memory pressure (planned w16: {ws.plan.reason})"
         mix: dict[str, int] = {}
         for t, _ in ws.file.tensors.values():
             mix[t.qtype.name] = mix.get(t.qtype.name, 0) + 1

@@ -30,9 +30,17 @@ class WeightSet:
     def matmul_weights(self):
         return [self.weights[n] for n, (_, role) in self.file.tensors.items() if role == MATMUL]
 
+    def waiting_for_w16(self) -> bool:
+        """Planned W16 and demoted, or quantized only because the copy did not fit: either
+        gets the copy when memory frees (Host.promote_waiting)."""
+        return (self.demoted or self.plan.wants_w16) and not self.w16_bytes()
+
     def current_path(self, traits) -> MatmulPath:
-        """The path requests take now: a demoted W16 set runs its quantized path."""
-        if self.plan.matmul_path == MatmulPath.W16 and not self.w16_bytes():
+        """The path requests take now: the f16 copy where one is held (planned, or promoted
+        later); a demoted W16 set runs its quantized path."""
+        if self.w16_bytes():
+            return MatmulPath.W16
+        if self.plan.matmul_path == MatmulPath.W16:
             est_types = frozenset(w.qtype.name for w in self.matmul_weights())
             missing = est_types - traits.path_types[MatmulPath.MMQ]
             return MatmulPath.FUSED_B if missing else MatmulPath.MMQ

@@ -259,11 +259,10 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     @_edge
     def Promote(self, request, context):
         lm = self.host.get(request.name)
-        if lm.ws.plan.matmul_path != MatmulPath.W16 and not lm.ws.demoted:
+        if lm.ws.plan.matmul_path != MatmulPath.W16 and not lm.ws.waiting_for_w16() and not lm.ws.w16_bytes():
             raise Conflict(f"{request.name} was planned {lm.ws.plan.matmul_path.value}, not w16: nothing to promote")
         if not self.host.promote(request.name) and not lm.ws.w16_bytes():
-            raise PoolExhausted(f"promoting {request.name}", lm.ws.plan.bytes["w16"] or 2 * lm.ws.file.matmul_elems(),
-                                self.host.ledger.free())
+            raise PoolExhausted(f"promoting {request.name}", lm.ws.plan.w16_bytes, self.host.ledger.free())
         return model_info(self.host.model_info(lm))
 
 

@@ -18,6 +18,8 @@ class Plan:
     ctx: int
     kv_dtype: str
     bytes: dict  # kind -> bytes under this plan
+    w16_bytes: int = 0  # what the f16 copy costs (the plan holds it only under W16)
+    wants_w16: bool = False  # quantized only because the copy did not fit: promote it when it does
 
     @property
     def total(self) -> int:
@@ -37,8 +39,8 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
     Valves: MINFERD_FUSED_B=1 forces FUSED_B; MINFERD_NO_W16CACHE=1 forbids W16."""
     kv_dtype = "f16" if traits.kv_elem_bytes == 2 else "f32"
 
-    def make(path: MatmulPath, reason: str) -> Plan:
-        return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16))
+    def make(path: MatmulPath, reason: str, wants_w16: bool = False) -> Plan:
+        return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16), est.w16, wants_w16)
 
     q_path, q_why = quantized_path(est, traits)
     no_w16 = env.get("MINFERD_NO_W16CACHE") == "1"
@@ -50,7 +52,7 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
         if no_w16:
             return make(q_path, f"w16 requested but MINFERD_NO_W16CACHE=1; {q_why}")
         return make(MatmulPath.W16, "requested") if fits else \
-            make(q_path, f"w16 requested but {does_not_fit}; {q_why}")
+            make(q_path, f"w16 requested but {does_not_fit}; {q_why}", wants_w16=True)
     if requested == MatmulPath.MMQ:
         return make(q_path, "requested" if q_path == MatmulPath.MMQ else f"mmq requested but {q_why[4:]}")
     if requested == MatmulPath.FUSED_B:
@@ -61,6 +63,6 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
         return make(q_path, f"quantized matmul weights {fmt_bytes(est.matmul_bytes)} are under the "
                             f"w16 gate of {fmt_bytes(w16_min_bytes)}; {q_why}")
     if not fits:
-        return make(q_path, f"{does_not_fit}; {q_why}")
+        return make(q_path, f"{does_not_fit}; {q_why}", wants_w16=True)
     return make(MatmulPath.W16, f"quantized matmul weights {fmt_bytes(est.matmul_bytes)} reach the w16 gate "
                                 f"and the f16 copy (+{fmt_bytes(est.w16)}) fits")

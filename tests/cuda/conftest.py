@@ -57,3 +57,18 @@ def poisoned(shape, dtype):
     """An output filled with NaN: an element the kernel forgets to write fails the comparison."""
     import cupy
     return cupy.full(shape, np.nan, dtype)
+
+
+def rel_err(out, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| of a device output against an f64 host reference; non-finite fails."""
+    import cupy
+    got = cupy.asnumpy(out).astype(np.float64)
+    assert np.isfinite(got).all(), "non-finite output (an element not written?)"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def matmul_reference(qt, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ dequant(raw).T in f64: dequant_ref.py is bit-equal to gguf (test_dequant_kernels.py)."""
+    from minferd.kernels.dequant_ref import dequantize
+    W = dequantize(qt, raw, raw.shape[0], x.shape[1]).astype(np.float64)
+    return x.astype(np.float64) @ W.T

@@ -14,9 +14,9 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from minferd.kernels import mmq as mq  # noqa: E402
-from minferd.kernels.dequant_ref import dequantize  # noqa: E402
 from minferd.kernels.mmq import SUPPORTED, mmq, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
+from tests.cuda.conftest import matmul_reference as reference, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
 TOL = 1e-2
@@ -24,15 +24,8 @@ TOL_2PLANES = 1e-3  # the two-plane x lands near 1e-5 on these data; one plane n
 NAMES = sorted(SUPPORTED)
 
 
-def rel_err(out, ref: np.ndarray) -> float:
-    got = cp.asnumpy(out).astype(np.float64)
-    assert np.isfinite(got).all(), "non-finite output (an element not written?)"
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def reference(qt, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
-    W = dequantize(qt, raw, raw.shape[0], x.shape[1]).astype(np.float64)
-    return x.astype(np.float64) @ W.T
 
 
 def run(qt, w, x_h: np.ndarray, **kw):

@@ -12,26 +12,18 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from minferd.kernels.dequant_ref import dequantize  # noqa: E402
 from minferd.kernels import mmvq as mv  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
+from tests.cuda.conftest import matmul_reference as reference, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
 TOL = 1e-2  # the contract; the two-plane x of mmvq.cu lands near 1e-5 on these data
 NAMES = tuple(TYPES)
 
 
-def rel_err(out, ref: np.ndarray) -> float:
-    got = cp.asnumpy(out).astype(np.float64)
-    assert np.isfinite(got).all(), "non-finite output (an element not written?)"
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def reference(qt, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
-    rows = raw.shape[0]
-    W = dequantize(qt, raw, rows, x.shape[1]).astype(np.float64)
-    return x.astype(np.float64) @ W.T
 
 
 def run(qt, w, x_h: np.ndarray, **kw):

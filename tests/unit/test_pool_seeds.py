@@ -53,3 +53,33 @@ def test_seeds_scenario(files):
     assert h.ledger.held() == quantized + est["7b"].w16
     h.unload_all()
     assert h.ledger.held() == 0 == mem.used_bytes()
+
+
+def test_three_big_models_one_w16_copy(tmp_path):
+    """Issue 6's pool scenario (scaled as above): three 7b-like models and room for one f16
+    copy. The first runs W16, the other two MMQ (quantized only because the copy did not fit);
+    unloading the W16 one promotes the most recently used of the others."""
+    shape = SHAPES["7b"]
+    files = {}
+    for i, name in enumerate("abc"):
+        files[name] = str(tmp_path / f"{name}.gguf")
+        write_model(files[name], "qwen2", "tiny", "q4_k_m", seed=i,
+                    overrides=dict(shape, layers=4, head_dim=64, heads=shape["hidden"] // 64))
+    traits = cpu_traits(1)
+    est = estimate(open_model_file(files["a"]), traits, 256)
+    capacity = 3 * est.total(False) + est.w16 + est.w16 // 2
+    mem = HostMemory()
+    h = Host(lambda: CpuBackend(1, mem), mem, traits, capacity, w16_min_bytes=est.matmul_bytes)
+    for k in "abc":
+        h.load(k, files[k], LoadOptions(ctx=256))
+    assert [h.models[k].ws.current_path(traits) for k in "abc"] == [MatmulPath.W16, MatmulPath.MMQ, MatmulPath.MMQ]
+    assert all(h.models[k].ws.plan.wants_w16 for k in "bc") and "f16 copy needs" in h.models["b"].ws.plan.reason
+    h.models["c"].last_used += 1.0  # c is the most recently used of the two
+    h.unload("a")
+    assert h.events == ["promoted c"]
+    info = h.model_info(h.models["c"])
+    assert info["matmul_path"] == "w16" and info["planned_matmul_path"] == "mmq" and "promoted" in info["reason"]
+    assert h.model_bytes(h.models["c"])["w16"] == est.w16 and h.models["b"].ws.current_path(traits) == MatmulPath.MMQ
+    assert h.ledger.held() == 2 * est.total(False) + est.w16 <= capacity
+    h.unload_all()
+    assert h.ledger.held() == 0 == mem.used_bytes()
