@@ -56,7 +56,8 @@ def test_seeds_scenario(files):
 
 
 def test_three_big_models_one_w16_copy(tmp_path):
-    """Issue 6's pool scenario (scaled as above): three 7b-like models and room for one f16
+    """Issue 6's pool scenario (scaled as above; tests/cuda/test_pool_scenario.py runs it at full
+    size on the GPU): three 7b-like models and room for one f16
     copy. The first runs W16, the other two MMQ (quantized only because the copy did not fit);
     unloading the W16 one promotes the most recently used of the others."""
     shape = SHAPES["7b"]
