@@ -1,8 +1,10 @@
 """Compile the project's kernels with NVRTC for sm_90 on a machine with no GPU: compile errors
 and the lowered template names show up here, before a device call costs device time.
 
-    pip install --target /tmp/nvrtc nvidia-cuda-nvrtc   # once (CUDA 13's NVRTC, no GPU needed)
+    pip install -e ".[kernelcheck]"                    # once: CUDA 13's NVRTC and headers, no GPU needed
     python bench/nvrtc_check.py [dequant mmvq ops ...]  # default: every minferd/kernels/*.cu
+
+Exit status: 0 all compiled, 1 a module failed, 3 no NVRTC found (tests/unit skip then).
 
 A kernel module's name expressions come from its launcher (minferd/kernels/<name>.py) if it
 defines names(); ops.cu and the like have none (extern "C" kernels only).
@@ -22,7 +24,7 @@ from minferd.kernels import DIR  # noqa: E402
 
 
 def _lib():
-    cands = [os.environ.get("MINFERD_NVRTC", "")] + glob.glob("/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.*") + \
+    cands = [os.environ.get("MINFERD_NVRTC", "")] + \
         [p for s in sys.path for p in glob.glob(f"{s}/nvidia/cu13/lib/libnvrtc.so.*")]
     for c in cands:
         if c and os.path.exists(c) and "builtins" not in c and ".alt." not in c:
@@ -30,7 +32,8 @@ def _lib():
                 if ".alt." not in b:  # NVRTC dlopens it by name: load it first, globally
                     ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
             return ctypes.CDLL(c)
-    sys.exit("no libnvrtc: pip install --target /tmp/nvrtc nvidia-cuda-nvrtc (or set MINFERD_NVRTC)")
+    print("no libnvrtc: pip install -e '.[kernelcheck]' (or set MINFERD_NVRTC)", file=sys.stderr)
+    sys.exit(3)
 
 
 def compile_module(lib, name: str, exprs=(), opts=()) -> int:
@@ -40,8 +43,10 @@ def compile_module(lib, name: str, exprs=(), opts=()) -> int:
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), code, str(path).encode(), 0, None, None) == 0
     for e in exprs:
         assert lib.nvrtcAddNameExpression(prog, e.encode()) == 0
-    # CuPy puts CUDA's headers (cuda_fp16.h) on NVRTC's path; here, a local toolkit's.
-    inc = [f"-I{d}".encode() for d in sorted(glob.glob("/usr/local/cuda*/include"))[:1]]
+    # CuPy puts CUDA's headers (cuda_fp16.h) on NVRTC's path; here, the nvidia-cuda-runtime
+    # wheel's, or a local toolkit's.
+    heads = [p for s in sys.path for p in glob.glob(f"{s}/nvidia/cu13/include") if os.path.exists(f"{p}/cuda_fp16.h")]
+    inc = [f"-I{d}".encode() for d in (heads + sorted(glob.glob("/usr/local/cuda*/include")))[:1]]
     o = [b"-std=c++17", f"-I{DIR}".encode(), b"-arch=sm_90"] + inc + [x.encode() for x in opts]
     t = time.time()
     rc = lib.nvrtcCompileProgram(prog, len(o), (ctypes.c_char_p * len(o))(*o))
