@@ -14,7 +14,10 @@ import cupy as cp
 import numpy as np
 
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
+from minferd.backend.cuda_graph import DecodeGraph
+from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.kernels import module
+from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
@@ -38,89 +41,10 @@ def _key(x) -> tuple:
     return x.data.ptr, x.shape, x.dtype.char
 
 
-_ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
-
-
-def gemm_f32(a16, b16, out=None):
-    """out (m, n) f32 = a16 (m, k) @ b16 (n, k).T through cuBLAS GemmEx: f16 in, f32 accumulate
-    AND f32 out, so no f16 product is rounded and then cast back (cupy.matmul of f16 returns
-    f16: the cast cost as much as a quarter of a prefill). out may be a column slice."""
-    from cupy_backends.cuda.libs import cublas
-    m, k = a16.shape
-    n = b16.shape[0]
-    if out is None:
-        out = cp.empty((m, n), cp.float32)
-    if a16.strides[1] != 2 or b16.strides[1] != 2 or out.strides[1] != 4 or b16.shape[1] != k or out.shape != (m, n):
-        raise ValueError(f"gemm_f32: {a16.shape} x {b16.shape}.T -> {out.shape}: rows must be contiguous")
-    handle = cp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
-    # Row-major out = a @ b.T is column-major out.T = b.T^T @ a.T: cuBLAS sees b as (k, n) and a as (k, m).
-    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, _ONE.ctypes.data,
-                  b16.data.ptr, cp.cuda.runtime.CUDA_R_16F, b16.strides[0] // 2,
-                  a16.data.ptr, cp.cuda.runtime.CUDA_R_16F, a16.strides[0] // 2, _ZERO.ctypes.data,
-                  out.data.ptr, cp.cuda.runtime.CUDA_R_32F, out.strides[0] // 4,
-                  cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-    return out
-
-
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "minferd_swiglu")
 _gelu = cp.ElementwiseKernel(
     "float32 g, float32 u", "float32 y",
     "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "minferd_gelu")
-
-
-class DeviceMemory:
-    """The device as the pool sees it: one CuPy MemoryPool with the budget as its hard limit."""
-
-    def __init__(self, device_id: int = 0, limit: int | None = None):
-        self.device_id = device_id
-        self.pool = cp.cuda.MemoryPool()
-        if limit is not None:
-            self.pool.set_limit(size=limit)
-        cp.cuda.set_allocator(self.pool.malloc)
-
-    name = "cuda"
-
-    def empty(self, shape, dtype):
-        return cp.empty(shape, dtype)
-
-    @staticmethod
-    def rounded(nbytes: int) -> int:
-        """What the pool takes for a request: CuPy rounds blocks up to 512 bytes."""
-        return (nbytes + 511) // 512 * 512
-
-    def used_bytes(self) -> int:
-        return self.pool.used_bytes()
-
-
-class Arena:
-    """A model's scratch: one buffer carved front to back into chunks for a private MemoryPool,
-    which keeps and reuses them. A pass that would need more than the arena gets OutOfMemoryError."""
-
-    def __init__(self, buf):
-        self.buf, self.used = buf, 0
-        self.pool = cp.cuda.MemoryPool(self._chunk)
-        self.recording = None  # a list while a graph is captured: its buffers must outlive it
-
-    def _chunk(self, size: int):
-        size = (size + 511) // 512 * 512
-        if self.used + size > self.buf.nbytes:
-            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
-        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
-        self.used += size
-        return cp.cuda.MemoryPointer(mem, 0)
-
-    def close(self) -> None:
-        """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
-        rather than whenever the garbage collector runs."""
-        self.pool.free_all_blocks()
-        self.pool = self.buf = self.recording = None
-
-    def malloc(self, size: int):
-        ptr = self.pool.malloc(size)
-        if self.recording is not None:
-            self.recording.append(ptr)
-        return ptr
 
 
 class CudaBackend(Backend):
@@ -415,44 +339,5 @@ class CudaBackend(Backend):
         key = id(cache)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = _DecodeGraph(self, model, cache)
+            g = self.graphs[key] = DecodeGraph(self, model, cache)
         return g.run(token)
-
-
-class _DecodeGraph:
-    """One decode step captured once: token id and position live in device buffers the step
-    reads, so a replay needs only two tiny copies in and the logits out."""
-
-    def __init__(self, be: CudaBackend, model, cache: KVCache):
-        self.be, self.model, self.cache = be, model, cache
-        with be.scope():  # the input buffers live in the model's arena, like the graph's own
-            self.tok = cp.zeros((1,), cp.int32)
-            self.pos = cp.zeros((1,), cp.int32)
-        self.graph = None
-        self.keep = []
-
-    def run(self, token: int):
-        be, cache = self.be, self.cache
-        host = np.array([token, cache.n_tokens], np.int32)
-        with be.scope():
-            self.tok.set(host[:1], stream=be.stream)
-            self.pos.set(host[1:], stream=be.stream)
-            if self.graph is None:
-                self._capture()
-            self.graph.launch(stream=be.stream)
-        cache.n_tokens += 1
-        return self.logits
-
-    def _capture(self):
-        be, model, cache = self.be, self.model, self.cache
-        n_tokens = cache.n_tokens
-        be.arena.recording = self.keep
-        try:
-            be.stream.begin_capture()
-            try:
-                self.logits = model.forward(self.tok, cache, positions=self.pos)
-            finally:
-                self.graph = be.stream.end_capture()
-        finally:
-            be.arena.recording = None
-            cache.n_tokens = n_tokens  # capture only recorded the step; the launch runs it

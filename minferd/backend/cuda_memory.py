@@ -1,0 +1,59 @@
+"""Device memory as the pool and a model's forward passes see it: the CuPy pool with the budget as
+its hard limit, and each model's scratch arena."""
+from __future__ import annotations
+
+import cupy as cp
+
+
+class DeviceMemory:
+    """The device as the pool sees it: one CuPy MemoryPool with the budget as its hard limit."""
+
+    def __init__(self, device_id: int = 0, limit: int | None = None):
+        self.device_id = device_id
+        self.pool = cp.cuda.MemoryPool()
+        if limit is not None:
+            self.pool.set_limit(size=limit)
+        cp.cuda.set_allocator(self.pool.malloc)
+
+    name = "cuda"
+
+    def empty(self, shape, dtype):
+        return cp.empty(shape, dtype)
+
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        """What the pool takes for a request: CuPy rounds blocks up to 512 bytes."""
+        return (nbytes + 511) // 512 * 512
+
+    def used_bytes(self) -> int:
+        return self.pool.used_bytes()
+
+
+class Arena:
+    """A model's scratch: one buffer carved front to back into chunks for a private MemoryPool,
+    which keeps and reuses them. A pass that would need more than the arena gets OutOfMemoryError."""
+
+    def __init__(self, buf):
+        self.buf, self.used = buf, 0
+        self.pool = cp.cuda.MemoryPool(self._chunk)
+        self.recording = None  # a list while a graph is captured: its buffers must outlive it
+
+    def _chunk(self, size: int):
+        size = (size + 511) // 512 * 512
+        if self.used + size > self.buf.nbytes:
+            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
+        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
+        self.used += size
+        return cp.cuda.MemoryPointer(mem, 0)
+
+    def close(self) -> None:
+        """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
+        rather than whenever the garbage collector runs."""
+        self.pool.free_all_blocks()
+        self.pool = self.buf = self.recording = None
+
+    def malloc(self, size: int):
+        ptr = self.pool.malloc(size)
+        if self.recording is not None:
+            self.recording.append(ptr)
+        return ptr
