@@ -41,13 +41,19 @@ class DeviceTraits:
 
 def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     """An upper bound of what one forward pass of max_batch tokens holds at once on the CUDA
-    backend (its arena): activations in f32 and f16, attention scores over the whole context,
-    a dequantized weight tile, a chunk of logits; then a quarter more for the pool's rounding."""
+    backend (its arena): activations in f32 and f16, the attention's buffers, a dequantized
+    weight tile, a chunk of logits; then a quarter more for the pool's rounding. The flash
+    prefill kernel keeps scores in registers; only head dims it lacks pay for f32 scores over
+    the whole context (at 32k tokens of context that term alone was 7.5 GB for a 7B model)."""
+    from minferd.kernels.attn_prefill import HEAD_DIMS  # NumPy only
     n, f32, f16 = max_batch, 4, 2
     widest = max(spec.hidden, spec.ffn, spec.q_dim)
     act = n * (6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32
                + spec.ffn * (3 * f32 + 2 * f16))
-    attn = spec.n_heads * n * ctx * f32 + 2 * ctx * spec.kv_dim * (f16 + f32) + n * spec.q_dim * 4 * f32
+    if spec.head_dim in HEAD_DIMS:
+        attn = n * spec.q_dim * 4 * f32
+    else:
+        attn = spec.n_heads * n * ctx * f32 + 2 * ctx * spec.kv_dim * (f16 + f32) + n * spec.q_dim * 4 * f32
     tile = DEQUANT_ROWS * widest * f16 + n * DEQUANT_ROWS * (f16 + f32)
     logits = LOGITS_ROWS * spec.n_vocab * (f16 + 2 * f32)
     decode = 64 * spec.hidden * f32 + 32 * spec.q_dim * 2 * f32 + 2 * spec.n_vocab * f32
