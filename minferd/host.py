@@ -26,7 +26,7 @@ from minferd.pool.allocator import Allocator
 from minferd.pool.estimator import estimate
 from minferd.pool.ledger import DeviceOutOfMemory, Ledger
 from minferd.pool.planner import W16_MIN_BYTES, Plan, plan
-from minferd.worker import Job
+from minferd.worker import Job, call_exclusive
 
 DEFAULT_CTX = 4096
 DEFAULT_KEEP_ALIVE = 300.0  # seconds; 0 unloads when idle, negative keeps forever
@@ -172,9 +172,10 @@ class Host:
             ws = lm.ws
             if not ws.w16_bytes():
                 return 0
-        # On the model's worker, after a request in flight (which may be reading the f16 copy);
-        # outside the host's lock, so status and other models' loads do not wait for that request.
-        freed = lm.worker.call(lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
+            workers = [u.worker for u in ws.users]
+        # On the model's workers, after requests in flight (which may be reading the f16 copy);
+        # outside the host's lock, so status and other models' loads do not wait for them.
+        freed = call_exclusive(workers, lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
         with self.lock:
             self.ledger.unreserve(ws.tag, freed)
             ws.demoted = ws.demoted or freed > 0
@@ -205,7 +206,7 @@ class Host:
                     raise
 
             try:
-                lm.worker.call(build)
+                call_exclusive([u.worker for u in ws.users], build)
             except BaseException:
                 self.ledger.unreserve(ws.tag, need)
                 raise

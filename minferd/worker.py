@@ -85,3 +85,26 @@ class ModelWorker:
                 with self._lock:
                     self.pending -= 1
                 job._finish()
+
+
+def call_exclusive(workers: list[ModelWorker], fn):
+    """Run fn(job) on workers[0] while every other worker is parked between requests, and wait.
+    Weights shared by several models change (an f16 copy dropped or built) only while none of
+    them is reading them: on CUDA a request on another model's stream could otherwise still be
+    reading memory the pool has handed to someone else. A worker being stopped is skipped."""
+    release = threading.Event()
+    parked = []
+    try:
+        for w in workers[1:]:
+            ready = threading.Event()
+            try:
+                job = w.submit(lambda job, ready=ready: (ready.set(), release.wait()))
+            except NotFound:
+                continue  # being unloaded: it runs nothing more
+            parked.append((ready, job))
+        for ready, job in parked:
+            while not ready.wait(0.05) and not job.done.is_set():
+                pass
+        return workers[0].call(fn)
+    finally:
+        release.set()

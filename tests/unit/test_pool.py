@@ -148,6 +148,30 @@ def test_shared_file_shares_weights(tiny):
     check(h)
 
 
+def test_demoting_shared_weights_waits_for_every_user(tiny):
+    """The f16 copy two models share is dropped only while neither is running a request: the
+    drop waits for b's request in flight even though it runs through a."""
+    h = make_host(64 * MiB)
+    h.load("a", tiny, opts())
+    h.load("b", tiny, opts())
+    be = h.models["a"].model.be
+    running, seen = threading.Event(), []
+
+    def slow_request(job):
+        running.set()
+        time.sleep(0.3)
+        running.clear()
+
+    drop = be.drop_w16
+    be.drop_w16 = lambda w: (seen.append(running.is_set()), drop(w))[1]
+    h.models["b"].worker.submit(slow_request)
+    assert running.wait(5)
+    assert h.demote("a") == W16
+    assert seen and not any(seen)  # no drop overlapped b's request
+    assert h.generate("b", [300, 301], SamplingParams(temperature=0, max_tokens=3)).token_ids
+    check(h)
+
+
 # ---- admission ------------------------------------------------------------------------------
 def test_demote_makes_room_and_the_model_keeps_serving(tiny, tiny2):
     h = make_host(W16_TOTAL + QUANT_TOTAL // 2)
