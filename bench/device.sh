@@ -11,6 +11,11 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/minferd-out}; mkdir -p "$OUT"
+# CuPy's compiled kernels (keyed by source, options and NVRTC): a fresh machine spends minutes
+# compiling them. Carry .devcarry/cupy_cache (copied back from $OUT/cupy_cache) to skip that.
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.devcarry/cupy_cache}
+mkdir -p "$CUPY_CACHE_DIR"
+trap 'cp -r "$CUPY_CACHE_DIR" "$OUT/cupy_cache" 2>/dev/null; du -sh "$OUT/cupy_cache" 2>/dev/null' EXIT
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
 q7b() { [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf; }
