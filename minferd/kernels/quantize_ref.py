@@ -248,3 +248,24 @@ def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Gener
             vals |= field & np.uint16(0x8000)
         field[:] = vals
     return buf.reshape(rows, rb)
+
+
+def quantize_x_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The CPU twin of xquant.cuh (the mat-vec kernels' activation format): per 32 elements
+    d = amax/127, hi = rint(x/d), lo = rint(254 (x - d hi) / d), both clipped to +-127, and the
+    block's sum. Returns (xq int8 (n, 2, K): hi then lo planes, xds f32 (n, kbp, 2): (d, sum),
+    kbp = K/32 rounded up to a multiple of 4)."""
+    x = np.asarray(x, np.float32)
+    n, K = x.shape
+    blk = x.reshape(n, K // 32, 32)
+    amax = np.abs(blk).max(-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    safe = np.where(d == 0, np.float32(1), d)[..., None]
+    hi = np.where(amax[..., None] == 0, 0, np.clip(np.rint(blk / safe), -127, 127))
+    lo = np.where(amax[..., None] == 0, 0, np.clip(np.rint((blk - (hi * safe).astype(np.float32)) / safe * 254), -127, 127))
+    xq = np.stack([hi.reshape(n, K), lo.reshape(n, K)], 1).astype(np.int8)
+    kbp = (K // 32 + 3) // 4 * 4
+    xds = np.zeros((n, kbp, 2), np.float32)
+    xds[:, :K // 32, 0] = d
+    xds[:, :K // 32, 1] = blk.sum(-1, dtype=np.float32)
+    return xq, xds, kbp

@@ -1,0 +1,102 @@
+// The device decoders (blocks.cuh) and mat-vec units (mmvq.cu) compiled for the HOST with g++,
+// so CI, which has no GPU, checks their arithmetic bit for bit against gguf and every load's
+// natural alignment (the entry points report a misaligned one: the Q5_0 seed). CUDA built-ins
+// get plain C++ twins below (the _rn ones through volatile, so they are never fused); asm paths
+// are fenced off by MINFERD_HOST_TEST. Built with -mfma -ffp-contract=fast where the CPU has FMA,
+// so a product-then-add written without the _rn helpers fuses here as nvcc would fuse it on the
+// device, and the bit-for-bit check catches it wherever the two roundings differ. Driven by tests/unit/test_kernels_host.py.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
+#define MINFERD_HOST_TEST 1
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(x)
+#define __shared__ static
+static inline void __syncthreads() {}
+using std::min; using std::max;
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct D3 { unsigned x, y, z; };
+static D3 threadIdx, blockIdx, blockDim;
+static int misaligned = 0;  // loads the device would have refused (cudaErrorMisalignedAddress)
+template <class T> static inline T __ldg(const T* p) {
+  if ((uintptr_t)p % alignof(T)) misaligned++;
+  T v;
+  memcpy(&v, p, sizeof(T));
+  return v;
+}
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
+static inline int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i) c += (int)(int8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i);
+  return c;
+}
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  uint64_t v = ((uint64_t)y << 32) | x; unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> 4 * i) & 7))) & 0xFF) << 8 * i;
+  return r;
+}
+static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
+#include "dequant.cu"
+#include "mmvq.cu"
+
+template <int T> static void dec_rows(const u8* w, int rows, int K, float* out) {
+  const long long rb = (long long)K / Blk<T>::QK * Blk<T>::BB;
+  for (int r = 0; r < rows; ++r)
+    for (int e0 = 0; e0 < K; e0 += 8) {
+      const u8* row = w + r * rb;
+      if constexpr (Blk<T>::QK == 1) Blk<T>::dec(row, e0, std::min(8, K - e0), out + (long long)r * K + e0);
+      else Blk<T>::dec8(row + (e0 / Blk<T>::QK) * Blk<T>::BB, e0 % Blk<T>::QK, out + (long long)r * K + e0);
+    }
+}
+// Serial twin of the mmvq kernel loop (per row: every unit in order), n columns.
+template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
+  typedef typename UnitOf<T>::T Unit;
+  const long long rb = (long long)K / Unit::QK * Unit::BB;
+  const int nb = K / Unit::QK;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < n; ++c) {
+      float acc = 0;
+      for (int i = 0; i < nb * Unit::U; ++i) {
+        Unit u; u.fetch(w + r * rb + (long long)(i / Unit::U) * Unit::BB, i % Unit::U); u.decode();
+        const int b = i / Unit::U;
+        acc += u.dot(u.xload(xq + (long long)c * 2 * K + (long long)b * Unit::QK, K, xds + (long long)c * kbp + b * (Unit::QK / 32)));
+      }
+      out[(long long)c * rows + r] = acc;
+    }
+}
+// Entry points: 0 done, 1 unknown type, 2 some load was misaligned for its width.
+extern "C" int dec(int t, const u8* w, int rows, int K, float* out) {
+  misaligned = 0;
+  switch (t) {
+#define C(T) case T: dec_rows<T>(w, rows, K, out); return misaligned ? 2 : 0;
+    C(0) C(1) C(30) C(2) C(3) C(6) C(7) C(8) C(10) C(11) C(12) C(13) C(14)
+  }
+  return 1;
+}
+extern "C" int mv(int t, const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
+  misaligned = 0;
+  switch (t) {
+#define M(T) case T: mmvq_rows<T>(w, rows, K, xq, xds, kbp, n, out); return misaligned ? 2 : 0;
+    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14)
+  }
+  return 1;
+}

@@ -1,0 +1,89 @@
+"""The CUDA decoders and mat-vec units, compiled for the host (tests/host/kernels_host.cpp):
+blocks.cuh's decoders equal gguf.quants.dequantize bit for bit for all 13 types, at odd and
+even block indices, with every load at its natural alignment (the shim reports a misaligned
+one, return code 2); mmvq.cu's
+per-unit integer products, fed x in xquant.cuh's format (quantize_x_ref), land within 1e-4 of
+f64. No GPU: the same source the device compiles, built by g++ (skipped where there is none)."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import gguf.quants
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType
+
+from minferd.kernels import DIR
+from minferd.kernels.dequant_ref import dequantize
+from minferd.kernels.quant import TYPES, row_bytes
+from minferd.kernels.quantize_ref import quantize_x_ref, random_blocks
+
+SHIM = Path(__file__).resolve().parents[1] / "host" / "kernels_host.cpp"
+P = ctypes.c_void_p
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("no g++")
+    so = tmp_path_factory.mktemp("host") / "kernels_host.so"
+    # Fuse a*b+c into FMAs as nvcc does on the device (where this CPU can): see kernels_host.cpp.
+    fma = ["-mfma", "-ffp-contract=fast"] if " fma " in Path("/proc/cpuinfo").read_text() else []
+    r = subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *fma, f"-I{DIR}", str(SHIM), "-o", str(so)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ctypes.CDLL(str(so))
+
+
+def aligned(nbytes: int) -> np.ndarray:
+    """A 256-aligned host buffer, as CuPy allocations are."""
+    buf = np.zeros(nbytes + 512, np.uint8)
+    a = (-buf.ctypes.data) % 256
+    return buf[a:a + nbytes]
+
+
+def placed(raw: np.ndarray, start_row: int, rows: int) -> np.ndarray:
+    """Rows start_row.. of raw, inside a 256-aligned copy of all of raw (row 1 of rows with an
+    odd block count starts at an odd block)."""
+    buf = aligned(raw.nbytes)
+    buf[:] = raw.reshape(-1)
+    rb = raw.shape[1]
+    return buf[start_row * rb:(start_row + rows) * rb]
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_decoders_equal_gguf_bit_for_bit(lib, name):
+    qt, rng = TYPES[name], np.random.default_rng(TYPES[name].ggml_id)
+    shapes = ((3, qt.block_elems * 3), (4, 512)) if qt.is_quantized else ((3, 40), (4, 24))
+    for rows, K in shapes:
+        raw = random_blocks(qt, rows + 1, K, rng)
+        for start in (0, 1):
+            out = np.full((rows, K), np.nan, np.float32)
+            assert lib.dec(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(out.ctypes.data)) == 0
+            ref = gguf.quants.dequantize(raw[start:start + rows].reshape(-1), GGMLQuantizationType(qt.ggml_id))
+            assert np.array_equal(out.view(np.uint32), ref.reshape(rows, K).astype(np.float32).view(np.uint32)), \
+                (name, rows, K, start)
+
+
+@pytest.mark.parametrize("name", [n for n, q in TYPES.items() if q.is_quantized])
+def test_mmvq_units_match_f64(lib, name):
+    qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
+    for rows, K in ((5, 768), (3, qt.block_elems * 3)):
+        raw = random_blocks(qt, rows + 1, K, rng)
+        assert raw.shape[1] == row_bytes(qt, K)
+        for start in (0, 1):
+            n = 3
+            x = rng.standard_normal((n, K)).astype(np.float32)
+            xq, xds, kbp = quantize_x_ref(x)
+            xq_b, xds_b = aligned(xq.nbytes), aligned(xds.nbytes)
+            xq_b[:] = xq.view(np.uint8).reshape(-1)
+            xds_b[:] = xds.view(np.uint8).reshape(-1)
+            out = np.full((n, rows), np.nan, np.float32)
+            assert lib.mv(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(xq_b.ctypes.data),
+                          P(xds_b.ctypes.data), kbp, n, P(out.ctypes.data)) == 0
+            ref = x.astype(np.float64) @ dequantize(qt, raw[start:start + rows], rows, K).astype(np.float64).T
+            err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+            assert err < 1e-4, (name, rows, K, start, err)
