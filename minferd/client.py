@@ -31,7 +31,8 @@ def model_dict(m) -> dict:
             "bytes": {k: getattr(m.bytes, k) for k in KINDS}, "ctx": m.ctx, "pinned": m.pinned,
             "keep_alive_seconds": m.keep_alive_seconds, "keep_alive_left_seconds": m.keep_alive_left_seconds,
             "last_used_unix": m.last_used_unix, "loaded_unix": m.loaded_unix, "requests": m.requests,
-            "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy}
+            "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy,
+            "waiting_for_w16": m.waiting_for_w16}
 
 
 def status_dict(s) -> dict:

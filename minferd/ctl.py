@@ -51,8 +51,9 @@ def last_used_text(m: dict, now: float) -> str:
 
 
 def plan_text(m: dict) -> str:
+    """The path now; * demoted (planned w16), ^ waits for room for an f16 copy it never had."""
     demoted = m["planned_matmul_path"] == "w16" and m["matmul_path"] != "w16"
-    return m["matmul_path"] + ("*" if demoted else "")
+    return m["matmul_path"] + ("*" if demoted else "^" if m.get("waiting_for_w16") else "")
 
 
 def status_table(st: dict, now: float | None = None) -> str:
@@ -78,6 +79,9 @@ def status_table(st: dict, now: float | None = None) -> str:
     demoted = [m for m in st["models"] if plan_text(m).endswith("*")]
     if demoted:
         lines.append("* demoted: " + ", ".join(f"{m['name']} planned {m['planned_matmul_path']}" for m in demoted))
+    waiting = [m["name"] for m in st["models"] if plan_text(m).endswith("^")]
+    if waiting:
+        lines.append("^ quantized until its f16 copy fits: " + ", ".join(waiting))
     groups = {tuple(sorted([m["name"], *m["shared_with"]])) for m in st["models"] if m["shared_with"]}
     if groups:  # one copy of the weights: a column sum would count it twice
         lines.append("shared weights: " + "; ".join(" + ".join(g) for g in sorted(groups)))

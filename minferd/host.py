@@ -337,7 +337,8 @@ class Host:
                 "bytes": self.model_bytes(lm), "ctx": lm.ctx, "pinned": lm.pinned, "keep_alive_seconds": lm.keep_alive,
                 "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
                 "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
-                "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy}
+                "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
+                "waiting_for_w16": ws.waiting_for_w16()}
 
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         own, shared = self.ledger.by_kind(lm.name), self.ledger.by_kind(lm.ws.tag)

@@ -205,6 +205,10 @@ def test_table_for_a_person():
     out = status_table(st, now)
     assert "shared weights: gemma + gemma-b" in out
     assert "25.0% used" in out and "* demoted: gemma planned w16" in out and "recent: demoted gemma" in out
+    assert "^" not in out
+    st["models"].append(dict(idle, name="big", waiting_for_w16=True))
+    out = status_table(st, now)
+    assert "mmq^" in out.splitlines()[4] and "^ quantized until its f16 copy fits: big" in out
     assert [human_duration(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m05s", "1h01m", "1d01h"]
 
 

@@ -75,12 +75,14 @@ def test_three_big_models_one_w16_copy(tmp_path):
         h.load(k, files[k], LoadOptions(ctx=256))
     assert [h.models[k].ws.current_path(traits) for k in "abc"] == [MatmulPath.W16, MatmulPath.MMQ, MatmulPath.MMQ]
     assert all(h.models[k].ws.plan.wants_w16 for k in "bc") and "f16 copy needs" in h.models["b"].ws.plan.reason
+    assert [h.model_info(h.models[k])["waiting_for_w16"] for k in "abc"] == [False, True, True]
     h.models["c"].last_used += 1.0  # c is the most recently used of the two
     h.unload("a")
     assert h.events == ["promoted c"]
     info = h.model_info(h.models["c"])
     assert info["matmul_path"] == "w16" and info["planned_matmul_path"] == "mmq" and "promoted" in info["reason"]
     assert h.model_bytes(h.models["c"])["w16"] == est.w16 and h.models["b"].ws.current_path(traits) == MatmulPath.MMQ
+    assert not info["waiting_for_w16"] and h.model_info(h.models["b"])["waiting_for_w16"]
     assert h.ledger.held() == 2 * est.total(False) + est.w16 <= capacity
     h.unload_all()
     assert h.ledger.held() == 0 == mem.used_bytes()

@@ -115,7 +115,7 @@ class ByKind(_message.Message):
     def __init__(self, weights: _Optional[int] = ..., w16: _Optional[int] = ..., kv: _Optional[int] = ..., scratch: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy")
+    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16")
     class TypeMixEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class ModelInfo(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     SHARED_WITH_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_W16_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -159,7 +160,8 @@ class ModelInfo(_message.Message):
     tokens_generated: int
     shared_with: _containers.RepeatedScalarFieldContainer[str]
     busy: bool
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ...) -> None: ...
+    waiting_for_w16: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
