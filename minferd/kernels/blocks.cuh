@@ -57,6 +57,12 @@ __device__ __forceinline__ u32 ld32_a4(const u8* p) { return __ldg(reinterpret_c
 __device__ __forceinline__ uint2 ld64_a8(const u8* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld128_a16(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
+// Packed-int8 helpers the int8 kernels share (mmvq_units.cuh, mmq_decoders.cuh).
+#define M4 0x0F0F0F0Fu  // the low nibble of every byte
+// Spread the 4 bits of n (0..15) to bit 4 of each byte: the 5th bit of 4 Q5 elements.
+// n * 0x02040810 puts bit i at 8i + 4 (and the other copies where they collide with nothing).
+__device__ __forceinline__ u32 spread4(u32 n) { return (n * 0x02040810u) & 0x10101010u; }
+
 // Nibble / byte i (0..7) of two little-endian words.
 __device__ __forceinline__ u32 byte_of(u32 w0, u32 w1, int i) { return ((i < 4 ? w0 : w1) >> (8 * (i & 3))) & 0xFF; }
 
