@@ -9,6 +9,7 @@ own kernels only (CuPy refuses cuBLAS inside capture), positions read from a dev
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import cupy as cp
 import numpy as np
@@ -54,7 +55,6 @@ class CudaBackend(Backend):
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
-        self.matmul_path = "mmq"  # the plan's prefill path (set by upload_weights)
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
@@ -166,21 +166,18 @@ class CudaBackend(Backend):
         biases = list(biases or [None] * len(ws))
         if n > MMVQ_MAX_BATCH:
             return super().matmuls(x, ws, biases)
-        outs, i = [], 0
-        while i < len(ws):
-            j = i + 1
-            while j < len(ws) and j - i < MMVQ_GROUP and ws[j].qtype == ws[i].qtype \
-                    and ws[j].row_elems == ws[i].row_elems:
-                j += 1
-            if not ws[i].qtype.is_quantized or j - i == 1:
-                outs += [self.matmul(x, ws[i], biases[i])]
-                i += 1
-                continue
-            group = [cp.empty((n, w.n_rows), cp.float32) for w in ws[i:j]]
-            mmvq_group(ws[i].qtype, [w.data for w in ws[i:j]], x, group, scratch=self._quantized(x),
-                       x_quantized=True, biases=[None if b is None else b.data for b in biases[i:j]])
-            outs += group
-            i = j
+        outs = []
+        for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
+            run = list(run)
+            for k in range(0, len(run), MMVQ_GROUP):
+                part = run[k:k + MMVQ_GROUP]
+                if len(part) == 1 or not part[0][0].qtype.is_quantized:
+                    outs += [self.matmul(x, w, b) for w, b in part]
+                    continue
+                group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
+                mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
+                           x_quantized=True, biases=[None if b is None else b.data for _, b in part])
+                outs += group
         return outs
 
     def _quantized(self, x):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cupy as cp
 import numpy as np
+from cupy_backends.cuda.libs import cublas
 
 
 _ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
@@ -15,7 +16,6 @@ def gemm_f32(a16, b16, out=None):
     """out (m, n) f32 = a16 (m, k) @ b16 (n, k).T through cuBLAS GemmEx: f16 in, f32 accumulate
     AND f32 out, so no f16 product is rounded and then cast back (cupy.matmul of f16 returns
     f16: the cast cost as much as a quarter of a prefill). out may be a column slice."""
-    from cupy_backends.cuda.libs import cublas
     m, k = a16.shape
     n = b16.shape[0]
     if out is None:

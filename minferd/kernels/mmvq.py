@@ -245,7 +245,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         raise ValueError("mmvq_group: one bias slot per matrix; a residual only with one matrix")
     _check_x(x)
     n, K = x.shape
-    rbs = {check_rows(qt, w, K) for w in ws}
+    rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
     for w, out, b in zip(ws, outs, biases):
         _check_f32(out, (n, w.shape[0]), "out")
         _check_f32(b, (w.shape[0],), "bias")
@@ -270,7 +270,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     if sum(ctas) == 0:
         return
     pad = MAX_GROUP - len(ws)
-    W = [w for w in ws] + [ws[-1]] * pad
+    W = list(ws) + [ws[-1]] * pad
     R = rows + [0] * pad
     O = list(outs) + [outs[-1]] * pad
     B = [_ptr(b) for b in biases] + [np.uint64(0)] * pad
@@ -280,5 +280,5 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         _fn(kernel_name(qt, nc, cfg))(
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
-             np.int64(rbs.pop()), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
+             np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
              np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))
