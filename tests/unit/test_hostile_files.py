@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from minferd.errors import ModelFileError
 from minferd.model.loader import open_model_file
 from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
-from tests.hostile_gguf import make_corpus, parse
+from tests.gguf_raw import parse
+from tests.hostile_gguf import make_corpus
 
 MAX_SECONDS = 2.0
 MAX_PEAK_BYTES = 64 << 20
