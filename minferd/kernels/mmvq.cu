@@ -35,7 +35,7 @@
 // pairs. Float weights (F32/F16/BF16) take mmv_float, which keeps x in f32.
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmvq.py, in f64).
-#include "mmvq_units.cuh"
+#include "mmvq_units_k.cuh"
 #include "xquant.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
