@@ -42,10 +42,13 @@ def _key(x) -> tuple:
     return x.data.ptr, x.shape, x.dtype.char
 
 
-_swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "minferd_swiglu")
+# A prefill's gated activation, written in f32 and in the f16 the down projection reads.
+_swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 y16",
+                               "y = g / (1.0f + expf(-g)) * u; y16 = (float16)y", "minferd_swiglu")
 _gelu = cp.ElementwiseKernel(
-    "float32 g, float32 u", "float32 y",
-    "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "minferd_gelu")
+    "float32 g, float32 u", "float32 y, float16 y16",
+    "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u; y16 = (float16)y",
+    "minferd_gelu")
 
 
 class CudaBackend(Backend):
@@ -191,8 +194,14 @@ class CudaBackend(Backend):
     def _as_f16(self, x):
         if self._x16 is not None and self._x16[0] == _key(x):
             return self._x16[2]
+        x16 = self._new_x16(x)
+        cp.copyto(x16, x, casting="same_kind")
+        return x16
+
+    def _new_x16(self, x):
+        """An f16 buffer for x's rounding, registered as x's (a producer may fill it directly)."""
         self._x16 = None  # let the previous copy go before the next is made
-        x16 = x.astype(cp.float16)
+        x16 = cp.empty(x.shape, cp.float16)
         self._x16 = (_key(x), x, x16)
         return x16
 
@@ -212,7 +221,11 @@ class CudaBackend(Backend):
             _ops().get_function("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
                                                                     np.float32(eps)) + self._xq_args(scratch, out))
             return out
-        _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps)))
+        out16 = None
+        if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
+            out16 = self._new_x16(out)
+        _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps),
+                                                                    out16 if out16 is not None else np.uint64(0)))
         return out
 
     @staticmethod
@@ -315,10 +328,15 @@ class CudaBackend(Backend):
         return out
 
     def swiglu(self, gate, up):
-        return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else _swiglu(gate, up)
+        return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else self._act_gate16(_swiglu, gate, up)
 
     def gelu_gate(self, gate, up):
-        return self._act_gate(gate, up, 1) if self._feeds_matvec(gate) else _gelu(gate, up)
+        return self._act_gate(gate, up, 1) if self._feeds_matvec(gate) else self._act_gate16(_gelu, gate, up)
+
+    def _act_gate16(self, kernel, gate, up):
+        y = cp.empty(gate.shape, cp.float32)
+        kernel(gate, up, y, self._new_x16(y))
+        return y
 
     def _act_gate(self, gate, up, act: int):
         gate = cp.ascontiguousarray(gate, dtype=cp.float32)

@@ -139,3 +139,20 @@ def test_mmvq_group_equals_separate_launches(name, n):
         np.testing.assert_allclose(cp.asnumpy(o), cp.asnumpy(ref), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="residual"):
         mmvq_group(qt, ws[:2], x, outs[:2], residual=outs[0])
+
+
+def test_prefill_producers_write_the_f16_the_gemms_read(be):
+    """rmsnorm and the gated activations of a prefill batch also write x's f16 rounding, bit for
+    bit what x.astype(f16) gives, and the matmul that follows reads it instead of casting."""
+    x = cp.asarray(rng.standard_normal((40, 512)).astype(np.float32))
+    w = vec(rng.standard_normal(512).astype(np.float32))
+    with be.scope():
+        h = be.rmsnorm(x, w, 1e-6)
+        assert be._x16[1] is h
+        assert np.array_equal(cp.asnumpy(be._x16[2]).view(np.uint16), cp.asnumpy(h.astype(cp.float16)).view(np.uint16))
+        assert be._as_f16(h) is be._x16[2]
+        for act in ("swiglu", "gelu_gate"):
+            y = getattr(be, act)(x, h)
+            assert be._x16[1] is y
+            assert np.array_equal(cp.asnumpy(be._x16[2]).view(np.uint16),
+                                  cp.asnumpy(y.astype(cp.float16)).view(np.uint16))
