@@ -1,6 +1,9 @@
 """Prefill and decode throughput of one model per matmul path, in llama-bench's shape.
 
-    python bench/bench.py MODEL.gguf [--paths mmq,w16] [-p 128,512] [-n 32] [-r 3] [--json F]
+    python bench/bench.py MODEL.gguf [--paths mmq,w16,mmq@tiles] [-p 128,512] [-n 32] [-r 3] [--json F]
+
+A path is a plan (w16, mmq, fused_b), optionally @kernel to run every prefill matmul on one
+kernel the plan allows (mmq, fused_b, tiles; by default the gate table picks per matmul).
 
 MODEL may be gemma3-270m (the model that installs from PyPI). Each test runs -r times; the
 table gives the median and the spread (min..max) in tokens per second, plus the load time and
@@ -72,20 +75,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     rows = []
-    for path in args.paths.split(","):
+    for spec in args.paths.split(","):
+        path, _, kernel = spec.partition("@")  # mmq@tiles: the mmq plan, every prefill matmul on tiles
         ctx = args.ctx or max([int(p) for p in args.p.split(",") if p] + [args.n + 1])
         lm = load_local(args.model, path, args.threads, args.device, ctx)
+        lm.model.be.prefill_kernel = kernel or None
         mem = held_bytes(lm)
         tests = [(f"pp{p}", bench_prefill, int(p)) for p in args.p.split(",") if p] + \
                 ([(f"tg{args.n}", bench_decode, args.n)] if args.n else [])
         for name, fn, n in tests:
             fn(lm, min(n, 8), 1)  # warm-up
             ts = fn(lm, n, args.r)
-            rows.append({"model": lm.file.path.name, "path": path, "test": name,
+            rows.append({"model": lm.file.path.name, "path": spec, "test": name,
                          "tok_s_median": statistics.median(ts), "tok_s_min": min(ts), "tok_s_max": max(ts),
                          "load_ms": lm.load_ms, "bytes": mem, "threads": getattr(lm.model.be, "threads", None)})
             r = rows[-1]
-            print(f"| {r['model']} | {path:7s} | {name:6s} | {r['tok_s_median']:9.2f} "
+            print(f"| {r['model']} | {spec:11s} | {name:6s} | {r['tok_s_median']:9.2f} "
                   f"({r['tok_s_min']:.2f}..{r['tok_s_max']:.2f}) | load {lm.load_ms:7.0f} ms | "
                   f"weights {mem['weights'] / 2**20:7.1f} MiB w16 {mem['w16'] / 2**20:7.1f} MiB |", flush=True)
     if args.json:

@@ -1,12 +1,13 @@
-"""Where small batches should leave the mat-vec kernels: mmvq (n <= 8, streams the quantized
-bytes) against each prefill kernel (cuBLAS on the f16 copy, fused_b, mmq) at n = 1..64 tokens,
-on Qwen2.5-7B's Q4_K matrices. The W16 path's w16_min_tokens and the backend's MMVQ_MAX_BATCH
-come from this table (issue 5: "measure the crossover and set the default from it").
+"""The prefill gate table: every matmul kernel timed on Qwen2.5-7B's matrix shapes from 1 to
+2048 tokens, per weight type. The backend picks, per matmul, the fastest kernel its plan allows
+from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not guessed".
 
-    python bench/crossover.py [--ns 1,2,4,8,12,16,32,64] [--reps 50] [--json F]
+    python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F]
 
-CUDA events around each call, median of --reps after warm-up; x conversions (quantize_x, the
-f16 cast) are counted in the kernel that needs them.
+Kernels: mmvq (mat-vec, n <= 8, quantized bytes), cublas (the f16 copy: W16 plans only), tiles
+(dequantize row tiles into scratch + cuBLAS), fused_b (f16 mma, B decoded in registers), mmq
+(int8 mma). CUDA events around each call, median of --reps after warm-up; the input conversion
+each needs (int8 quantization, the f16 cast) is counted in it.
 """
 from __future__ import annotations
 
@@ -21,28 +22,33 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]
+NS = "1,2,4,8,12,16,24,32,48,64,96,128,256,512,1024,2048"
+KERNELS = ("mmvq", "cublas", "tiles", "fused_b", "mmq")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ns", default="1,2,4,8,12,16,32,64")
-    ap.add_argument("--type", default="Q4_K")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--ns", default=NS)
+    ap.add_argument("--types", default="Q4_K,Q6_K")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--table", default=None, help="write the gate table the backend reads")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     import cupy as cp
 
+    from minferd.devices import DEQUANT_ROWS
     from minferd.kernels.cublas import gemm_f32
     from minferd.kernels.dequant import dequant_f16
-    from minferd.kernels.gemm_f16 import fused_b
-    from minferd.kernels.mmq import mmq
+    from minferd.kernels.gemm_f16 import SUPPORTED as FUSED_B_TYPES, fused_b
+    from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
     from minferd.kernels.mmvq import MAX_COLS, mmvq
     from minferd.kernels.quant import TYPES
     from minferd.kernels.quantize_ref import random_blocks
+    from minferd.kernels.tiles import gemm_tiles
 
     def timed(f) -> float:
-        for _ in range(5):
+        for _ in range(3):
             f()
         e0, e1, ts = cp.cuda.Event(), cp.cuda.Event(), []
         for _ in range(args.reps):
@@ -53,25 +59,37 @@ def main(argv=None) -> int:
             ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
         return statistics.median(ts)
 
-    qt, rng, rows = TYPES[args.type], np.random.default_rng(0), []
-    print(f"{'N x K':>13s} {'n':>3s} " + " ".join(f"{k:>9s}" for k in ("mmvq", "cublas", "fused_b", "mmq")) + "  (us)")
-    for N, K in SHAPES:
-        w = cp.asarray(random_blocks(qt, N, K, rng))
-        w16 = cp.empty((N, K), cp.float16)
-        dequant_f16(qt, w, w16)
-        for n in (int(v) for v in args.ns.split(",")):
-            x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
-            y = cp.empty((n, N), cp.float32)
-            us = {"cublas": timed(lambda: gemm_f32(x.astype(cp.float16), w16, y)),
-                  "fused_b": timed(lambda: fused_b(qt, w, x.astype(cp.float16), y)),
-                  "mmq": timed(lambda: mmq(qt, w, x, y))}
-            if n <= MAX_COLS:
-                us["mmvq"] = timed(lambda: mmvq(qt, w, x, y))
-            rows.append({"type": args.type, "N": N, "K": K, "n": n, "us": us})
-            print(f"{N:6d} x {K:<5d} {n:3d} " + " ".join(f"{us.get(k, float('nan')):9.1f}"
-                                                       for k in ("mmvq", "cublas", "fused_b", "mmq")), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    rng, rows = np.random.default_rng(0), []
+    print(f"{'type':5s} {'N x K':>13s} {'n':>4s} " + " ".join(f"{k:>9s}" for k in KERNELS) + "  (us)")
+    for name in args.types.split(","):
+        qt = TYPES[name]
+        for N, K in SHAPES:
+            w = cp.asarray(random_blocks(qt, N, K, rng))
+            w16 = cp.empty((N, K), cp.float16)
+            dequant_f16(qt, w, w16)
+            for n in (int(v) for v in args.ns.split(",")):
+                x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+                y = cp.empty((n, N), cp.float32)
+                kernels = {"cublas": lambda: gemm_f32(x.astype(cp.float16), w16, y),
+                           "tiles": lambda: gemm_tiles(qt, w, x.astype(cp.float16), y, DEQUANT_ROWS)}
+                if n <= MAX_COLS:
+                    kernels["mmvq"] = lambda: mmvq(qt, w, x, y)
+                if name in FUSED_B_TYPES:
+                    kernels["fused_b"] = lambda: fused_b(qt, w, x.astype(cp.float16), y)
+                if name in MMQ_TYPES:
+                    kernels["mmq"] = lambda: mmq(qt, w, x, y)
+                us = {k: round(timed(f), 2) for k, f in kernels.items()}
+                rows.append({"type": name, "N": N, "K": K, "n": n, "us": us})
+                print(f"{name:5s} {N:6d} x {K:<5d} {n:4d} " + " ".join(f"{us.get(k, float('nan')):9.1f}" for k in KERNELS),
+                      flush=True)
+            del w, w16
+    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    head = json.dumps({"device": gpu, "made_by": f"python bench/crossover.py --table {args.table}",
+                       "unit": f"microseconds, median of {args.reps}"}, indent=1)[:-2]
+    text = head + ',\n "rows": [\n' + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]\n}\n"
+    for path in (args.table, args.json):
+        if path:
+            Path(path).write_text(text)
     return 0
 
 

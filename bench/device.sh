@@ -3,29 +3,30 @@
 #   [TESTS="tests/cuda/test_x.py ..."] bench/device.sh [tests|bench|profile|kernels|all] [extra bench.py args]
 #   tests    tests/cuda (or $TESTS)
 #   bench    the synthetic Qwen2.5-7B-shaped Q4_K_M file (llama.cpp's type mix, random blocks),
-#            every prefill path side by side: bench/bench.py --paths w16,mmq,fused_b
+#            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
-#   kernels  the kernel benches: MMQ, FUSED_B, and the mat-vec / GEMM crossover at small batches
+#   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/minferd-out}; mkdir -p "$OUT"
 # CuPy's compiled kernels (keyed by source, options and NVRTC): a fresh machine spends minutes
-# compiling them. Carry .devcarry/cupy_cache (copied back from $OUT/cupy_cache) to skip that.
+# compiling them. Carry .devcarry/cupy_cache (untar $OUT/cupy_cache.tar there) to skip that.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.devcarry/cupy_cache}
 mkdir -p "$CUPY_CACHE_DIR"
-trap 'cp -r "$CUPY_CACHE_DIR" "$OUT/cupy_cache" 2>/dev/null; du -sh "$OUT/cupy_cache" 2>/dev/null' EXIT
+# One tar: the device tool returns a bounded number of files.
+trap 'tar -C "$CUPY_CACHE_DIR" -cf "$OUT/cupy_cache.tar" . 2>/dev/null; ls -la "$OUT/cupy_cache.tar"' EXIT
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
 q7b() { [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if want tests; then
-  python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -40
+  timeout -s INT ${TEST_LIMIT:-540} python3 -m pytest -q -p no:cacheprovider --durations=12 -rfE --tb=short ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -40
 fi
 if want bench; then
   q7b
-  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths w16,mmq,fused_b -p 512,2048 -n 128 -r 3 \
+  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths w16,mmq,mmq@mmq,mmq@fused_b,mmq@tiles -p 512,2048 -n 128 -r 3 \
     --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
 fi
 if want profile; then
@@ -36,7 +37,7 @@ if want profile; then
   done
 fi
 if want kernels; then
-  python3 bench/crossover.py --json "$OUT/crossover.json" 2>&1 | tee "$OUT/kernels.log"
+  python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"
   python3 bench/mmq.py --json "$OUT/mmq.json" 2>&1 | tee -a "$OUT/kernels.log"
   python3 bench/gemm_f16.py --json "$OUT/gemm_f16.json" 2>&1 | tee -a "$OUT/kernels.log"
 fi

@@ -154,6 +154,7 @@ class Host:
                 self.ledger.unreserve(ws.tag)
                 del self.weight_sets[ws.key]
             freed = before - self.ledger.held()
+            self.allocator.trim()
         if self.promote_in_background:
             threading.Thread(target=self.promote_waiting, name="minferd-promote", daemon=True).start()
         else:
@@ -181,6 +182,7 @@ class Host:
             ws.demoted = ws.demoted or freed > 0
             if freed:
                 self.event("demoted", name)
+                self.allocator.trim()
         return freed
 
     def promote(self, name: str) -> int:

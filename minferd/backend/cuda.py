@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 
 import cupy as cp
 import numpy as np
@@ -23,6 +24,8 @@ from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_pr
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
+from minferd.kernels.tiles import gemm_tiles
+from minferd.backend.gates import choose
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
@@ -58,6 +61,8 @@ class CudaBackend(Backend):
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
+        # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
+        self.prefill_kernel = os.environ.get("MINFERD_PREFILL_KERNEL") or None
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
@@ -138,29 +143,31 @@ class CudaBackend(Backend):
             else:
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
-        if w.w16 is None and self.matmul_path == "mmq" and w.qtype.name in MMQ_TYPES:
-            out = cp.empty((n, w.n_rows), cp.float32)
+        out = cp.empty((n, w.n_rows), cp.float32)
+        kernel = choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n)
+        if kernel == "cublas":
+            gemm_f32(self._as_f16(x), w.w16, out)
+        elif kernel == "mmq":
             mmq(w.qtype, w.data, x, out)
-        elif w.w16 is None and self.matmul_path in ("mmq", "fused_b"):
-            out = cp.empty((n, w.n_rows), cp.float32)
+        elif kernel == "fused_b":
             fused_b(w.qtype, w.data, self._as_f16(x), out)
-        elif w.w16 is not None and n >= self.w16_min_tokens:
-            out = gemm_f32(self._as_f16(x), w.w16)
         else:
-            # A W16 model whose copy was dropped (demoted): dequantize row tiles into the
-            # arena and multiply each through cuBLAS, the fastest way without the copy.
-            x16 = self._as_f16(x)
-            out = cp.empty((n, w.n_rows), cp.float32)
-            for r0 in range(0, w.n_rows, DEQUANT_ROWS):
-                r1 = min(r0 + DEQUANT_ROWS, w.n_rows)
-                tile = cp.empty((r1 - r0, w.row_elems), cp.float16)
-                dequant_f16(w.qtype, w.data[r0:r1], tile)
-                gemm_f32(x16, tile, out[:, r0:r1])
+            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, DEQUANT_ROWS)
         if bias is not None:
             out += bias.data
         if residual is not None:
             out += residual
         return out
+
+    def _prefill_kernels(self, w: Weight, n: int) -> tuple[str, ...]:
+        """The kernels w's plan allows at n tokens, preferred first where the gate table ties.
+        With its f16 copy a matmul runs cuBLAS on it; without (a quantized plan, or a W16 model
+        whose copy was demoted) the kernels that read the quantized bytes: fused_b, dequantized
+        tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B."""
+        if w.w16 is not None and n >= self.w16_min_tokens:
+            return ("cublas",)
+        allowed = ("fused_b", "tiles") + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
+        return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):
         """A decode step's products of one input: neighbours of one quantized type share a launch."""

@@ -13,7 +13,14 @@ class DeviceMemory:
         self.pool = cp.cuda.MemoryPool()
         if limit is not None:
             self.pool.set_limit(size=limit)
+        self._previous = cp.cuda.get_allocator()
         cp.cuda.set_allocator(self.pool.malloc)
+
+    def close(self) -> None:
+        """Hand the process back the allocator it had: a budget must not outlive its owner (a
+        test that failed holding its models would otherwise cap every later allocation)."""
+        cp.cuda.set_allocator(self._previous)
+        self.pool.free_all_blocks()
 
     name = "cuda"
 
@@ -24,6 +31,9 @@ class DeviceMemory:
     def rounded(nbytes: int) -> int:
         """What the pool takes for a request: CuPy rounds blocks up to 512 bytes."""
         return (nbytes + 511) // 512 * 512
+
+    def trim(self) -> None:
+        self.pool.free_all_blocks()
 
     def used_bytes(self) -> int:
         return self.pool.used_bytes()

@@ -250,6 +250,51 @@ def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Gener
     return buf.reshape(rows, rb)
 
 
+# Affine types: value = d * scale * q - dmin * min (Q4_1/Q5_1: d * q + m) with q in [0, 2^bits).
+# (f16 d offset, f16 dmin/m offset, mean of q, sub-scale layout) for center_blocks.
+_AFFINE = {"Q4_1": (0, 2, 7.5, None), "Q5_1": (0, 2, 15.5, None), "Q2_K": (80, 82, 1.5, "nibbles"),
+           "Q4_K": (0, 2, 7.5, "k4"), "Q5_K": (0, 2, 15.5, "k4")}
+
+
+def center_blocks(qt: QuantType, raw: np.ndarray) -> None:
+    """Make random_blocks' affine blocks zero-mean, as quantizing zero-mean weights leaves them:
+    each sub-block's min becomes its scale and dmin = d * mean(q) (Q4_1/Q5_1: m = -d * mean(q)).
+    Off-centre rows add up over K inputs; in a 28-layer 7B that alone overflows f16 activations.
+    The other types are near zero-mean already (q - 8, q - 32, signed int8)."""
+    if qt.name not in _AFFINE:
+        return
+    d_off, m_off, qmean, layout = _AFFINE[qt.name]
+    blocks = raw.reshape(-1, qt.block_bytes)
+    d = np.ascontiguousarray(blocks[:, d_off:d_off + 2]).view("<f2")[:, 0].astype(np.float32)
+    m = d * np.float32(qmean) * np.float32(1 if layout else -1)
+    blocks[:, m_off:m_off + 2] = m.astype("<f2").view(_U8).reshape(-1, 2)
+    if layout == "nibbles":  # Q2_K: 16 bytes of scale (low nibble) | min (high nibble)
+        lo = blocks[:, 0:16] & 0x0F
+        blocks[:, 0:16] = lo | (lo << 4)
+    elif layout == "k4":  # Q4_K/Q5_K's 12 bytes at 4: mins 0-3 (and top bits of 4-7) copy the scales'
+        blocks[:, 8:12] = blocks[:, 4:8]
+        lo = blocks[:, 12:16] & 0x0F
+        blocks[:, 12:16] = lo | (lo << 4)
+
+
+def scale_blocks(qt: QuantType, raw: np.ndarray, s: float) -> None:
+    """Multiply every value the rows `raw` (uint8, qt's layout) decode to by about s, in place:
+    each block's f16 scales (d, dmin, m) are scaled, so a block's values scale with them.
+    random_blocks' values are O(1); a model's matrices want ~1/sqrt(K), or f16 activations overflow."""
+    if qt.name in _FLOAT_MASKS:
+        if qt.name == "BF16":
+            f = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32) * np.float32(s)
+            raw.view(np.uint16)[...] = (f.view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            v = raw.view(np.float32 if qt.name == "F32" else np.float16)
+            v *= v.dtype.type(s)
+        return
+    blocks = raw.reshape(-1, qt.block_bytes)
+    for off, _ in _F16_FIELDS[qt.name]:
+        field = np.ascontiguousarray(blocks[:, off:off + 2]).view("<f2")[:, 0]
+        blocks[:, off:off + 2] = (field.astype(np.float32) * np.float32(s)).astype("<f2").view(_U8).reshape(-1, 2)
+
+
 def quantize_x_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """The CPU twin of xquant.cuh (the mat-vec kernels' activation format): per 32 elements
     d = amax/127, hi = rint(x/d), lo = rint(254 (x - d hi) / d), both clipped to +-127, and the

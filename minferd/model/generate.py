@@ -127,5 +127,7 @@ def score(model, ids, top_k: int = 5, ctx: int | None = None) -> dict:
         positions.append({"top": [[int(t), float(row[t]), float(row[t] - lse)] for t in top]})
         if i + 1 < len(ids):
             nll.append(lse - row[ids[i + 1]])
-    ppl = math.exp(float(np.mean(nll))) if nll else float("nan")
+    mean_nll = float(np.mean(nll)) if nll else float("nan")
+    # A random model can be surer of a wrong token than exp() reaches: infinite, not an error.
+    ppl = math.exp(mean_nll) if mean_nll < 709.0 else float("inf")
     return {"positions": positions, "perplexity": ppl}

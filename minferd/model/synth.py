@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from minferd.errors import InvalidRequest
 from minferd.kernels.quant import QK_K, TYPES, QuantType, row_bytes
-from minferd.kernels.quantize_ref import quantize, random_blocks
+from minferd.kernels.dequant_ref import dequantize
+from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
 from minferd.model.arch import MODELS
 from minferd.model.arch.llama import EMBED, VECTOR
 from minferd.model.spec import GEMMA3_SWA_PERIOD, spec_from_metadata
@@ -99,12 +100,28 @@ def _vector(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
     return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)  # norm weights near 1
 
 
+def _std(name: str, role: str, cols: int) -> float:
+    # Activations keep unit size through the random network; embeddings larger so that tied
+    # logits spread over a useful range. An untied output is scaled up the same way: peaked
+    # logits make top-1 comparisons meaningful.
+    return 1.0 if role == EMBED else (3.0 if name == "output.weight" else 1.0) / np.sqrt(cols)
+
+
 def _matrix(name: str, role: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    # Scaled so activations keep unit size through the random network; embeddings larger so
-    # that tied logits spread over a useful range.
-    # An untied output is scaled up the same way: peaked logits make top-1 comparisons meaningful.
-    std = 1.0 if role == EMBED else (3.0 if name == "output.weight" else 1.0) / np.sqrt(cols)
-    return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
+    return (rng.standard_normal((rows, cols), dtype=np.float32) * _std(name, role, cols)).astype(np.float32)
+
+
+def _random_rows(qt, name, role, rows, row_elems, rng, sample: int = 16) -> np.ndarray:
+    # Random blocks are off-centre and of one size whatever K: centred, then scaled to the float
+    # model's std (measured on a few rows), a 28-layer random 7B keeps its activations inside
+    # f16's range like a real one.
+    data = random_blocks(qt, rows, row_elems, rng)
+    center_blocks(qt, data)
+    n = min(rows, sample)
+    rms = float(np.sqrt(np.mean(np.square(dequantize(qt, data[:n], n, row_elems).astype(np.float64)))))
+    if rms > 0:
+        scale_blocks(qt, data, _std(name, role, row_elems) / rms)
+    return data
 
 
 def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: str = "q8_0",
@@ -141,7 +158,7 @@ def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: 
         if role == VECTOR:
             data = _vector(name, row_elems * rows, rng).view(np.uint8)
         elif random_blocks_:
-            data = random_blocks(qt, rows, row_elems, rng)
+            data = _random_rows(qt, name, role, rows, row_elems, rng)
         else:
             data = _quantize_rows(qt, name, role, rows, row_elems, rng)
         w.write_tensor_data(data)

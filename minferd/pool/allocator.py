@@ -66,6 +66,13 @@ class Allocator:
             model, kind, nbytes, _ = entry
             self.ledger.credit(model, kind, nbytes)
 
+    def trim(self) -> None:
+        """Give the device back what the backend keeps cached for reuse (CuPy's pool keeps freed
+        blocks): after an unload or a demotion other processes, and nvidia-smi, see the memory."""
+        trim = getattr(self.device, "trim", None)
+        if trim is not None:
+            trim()
+
     def held_bytes(self) -> int:
         """What the allocator has handed out and not taken back (the ledger must equal it)."""
         return sum(e[2] for e in self._live.values())

@@ -37,6 +37,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def device_memory():
+    """device_memory(limit) -> a DeviceMemory with that hard limit, closed after the test."""
+    from minferd.backend.cuda import DeviceMemory
+    made = []
+
+    def make(limit: int):
+        made.append(DeviceMemory(limit=limit))
+        return made[-1]
+    yield make
+    for m in reversed(made):
+        m.close()
+
+
+@pytest.fixture
 def to_device():
     """to_device(host uint8 rows, offset=0) -> device copy `offset` bytes into a 256-aligned buffer."""
     return aligned_copy

@@ -29,10 +29,12 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def teacher_forced(path, n_seq=2, n_tok=32, matmul_path="mmq"):
-    """(relative error, top-1 agreement) of CUDA logits against the CPU's on the same sequences."""
+def teacher_forced(path, n_seq=2, n_tok=32, matmul_path="mmq", kernel=None):
+    """(relative error, top-1 agreement) of CUDA logits against the CPU's on the same sequences;
+    kernel: the one prefill kernel the CUDA model runs (None: the gate table picks per matmul)."""
     cpu = load_local(str(path), matmul_path, device="cpu", ctx=256)
     gpu = load_local(str(path), matmul_path, device="cuda", ctx=256)
+    gpu.model.be.prefill_kernel = kernel
     errs, agree = [], []
     for s in range(n_seq):
         ids = np.random.default_rng(s).integers(300, min(cpu.spec.n_vocab, 30000) - 1, n_tok)
@@ -61,10 +63,13 @@ def test_real_shapes_match_cpu(tmp_path, arch, preset):
     assert err < 2e-2 and agree >= 0.95, (err, agree)
 
 
+PATH_KERNELS = [("w16", None), ("mmq", None), ("fused_b", None), ("mmq", "mmq"), ("mmq", "fused_b"), ("mmq", "tiles")]
+
+
 @pytest.mark.skipif(not os.path.exists(CUT_GEMMA), reason="the cut gemma3 is carried to the device as .devcarry/")
-@pytest.mark.parametrize("matmul_path", ["mmq", "w16", "fused_b"])
-def test_cut_real_gemma_matches_cpu(matmul_path):
-    err, agree = teacher_forced(CUT_GEMMA, matmul_path=matmul_path)
+@pytest.mark.parametrize("matmul_path,kernel", PATH_KERNELS)
+def test_cut_real_gemma_matches_cpu(matmul_path, kernel):
+    err, agree = teacher_forced(CUT_GEMMA, matmul_path=matmul_path, kernel=kernel)
     assert err < 2e-2 and agree >= 0.95, (err, agree)
 
 
@@ -78,28 +83,29 @@ def top1_agreement(got: np.ndarray, ref: np.ndarray) -> float:
     return float(((got.argmax(1) == ref.argmax(1)) | tie).mean())
 
 
-def _path_logits(path, matmul_path, seqs):
+def _path_logits(path, matmul_path, seqs, kernel=None):
     lm = load_local(str(path), matmul_path, device="cuda", ctx=64)
     be = lm.model.be
+    be.prefill_kernel = kernel
     return [be.to_host(prefill(lm.model, ids, lm.model.new_cache(be.untracked(), len(ids)), all_logits=True))
             for ids in seqs]
 
 
 @pytest.mark.parametrize("which", ["qwen2-7b", "cut-gemma3"])
 def test_w16_mmq_fused_b_agree(tmp_path, which):
-    """The three prefill paths, teacher-forced on the same 8 x 32 tokens: within 2e-2 and
-    >= 95% top-1 of each other (W16 is the reference: cuBLAS on the exact f16 copy)."""
+    """The prefill paths and each no-copy kernel alone (mmq, fused_b, dequantized tiles), teacher-
+    forced on the same 8 x 32 tokens: within 2e-2 and >= 95% top-1 of W16 (cuBLAS on the f16 copy)."""
     if which == "cut-gemma3":
         if not os.path.exists(CUT_GEMMA):
             pytest.skip("the cut gemma3 is carried to the device as .devcarry/")
         path = CUT_GEMMA
     else:
         path = tmp_path / "q7b.gguf"
-        write_model(path, "qwen2", "7b", "q4_k_m", overrides={"layers": 2})
+        write_model(path, "qwen2", "7b", "q4_k_m", overrides={"layers": 2}, random_blocks_=True)  # centred, scaled: seconds, not minutes
     seqs = [np.random.default_rng(s).integers(300, 30000, 32) for s in range(8)]
     ref = _path_logits(path, "w16", seqs)
-    for other in ("mmq", "fused_b"):
-        got = _path_logits(path, other, seqs)
+    for other in PATH_KERNELS[1:]:
+        got = _path_logits(path, other[0], seqs, other[1])
         err = max(rel(g, r) for g, r in zip(got, ref))
         agree = min(top1_agreement(g, r) for g, r in zip(got, ref))
         raw = min(float((g.argmax(1) == r.argmax(1)).mean()) for g, r in zip(got, ref))
@@ -157,13 +163,13 @@ def test_generate_greedy_matches_cpu(synth_model):
     assert n >= 8, out
 
 
-def test_pool_ledger_equals_cupy_allocator(synth_model):
+def test_pool_ledger_equals_cupy_allocator(synth_model, device_memory):
     """Load (W16 warm included), generate, demote, unload: the ledger equals what the CuPy pool
     holds, within the budget, and unload returns every byte."""
     from minferd.devices import MatmulPath, cuda_traits
     from minferd.host import Host, LoadOptions
     budget = 2 << 30
-    mem = DeviceMemory(limit=budget)
+    mem = device_memory(budget)
     h = Host(lambda: CudaBackend(mem), mem, cuda_traits(), budget, w16_min_bytes=0, device="cuda:0")
 
     def check():

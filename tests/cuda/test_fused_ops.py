@@ -156,3 +156,20 @@ def test_prefill_producers_write_the_f16_the_gemms_read(be):
             assert be._x16[1] is y
             assert np.array_equal(cp.asnumpy(be._x16[2]).view(np.uint16),
                                   cp.asnumpy(y.astype(cp.float16)).view(np.uint16))
+
+
+@pytest.mark.parametrize("name,tile_rows", [("Q4_K", 4096), ("Q5_0", 1000), ("Q6_K", 7)])
+def test_gemm_tiles_equals_cublas_on_the_copy(name, tile_rows):
+    """The no-copy prefill (dequantized row tiles + cuBLAS) against cuBLAS on the whole f16 copy:
+    the same f16 operands, so equal up to cuBLAS's summation order (its algorithm per tile shape)."""
+    from minferd.kernels.dequant import dequant_f16
+    from minferd.kernels.tiles import gemm_tiles
+    qt = TYPES[name]
+    w = cp.asarray(random_blocks(qt, 4500, 512, rng))
+    w16 = cp.empty((4500, 512), cp.float16)
+    dequant_f16(qt, w, w16)
+    x16 = cp.asarray(rng.standard_normal((40, 512)).astype(np.float16))
+    out = cp.full((40, 4500), np.nan, cp.float32)
+    gemm_tiles(qt, w, x16, out, tile_rows)
+    got, ref = cp.asnumpy(out), cp.asnumpy(gemm_f32(x16, w16))
+    assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6

@@ -9,7 +9,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from minferd.backend.cuda import CudaBackend, DeviceMemory  # noqa: E402
+from minferd.backend.cuda import CudaBackend  # noqa: E402
 from minferd.devices import MatmulPath, cuda_traits  # noqa: E402
 from minferd.host import Host, LoadOptions  # noqa: E402
 from minferd.model.loader import open_model_file  # noqa: E402
@@ -18,7 +18,7 @@ from minferd.model.synth import write_model  # noqa: E402
 from minferd.pool.estimator import estimate  # noqa: E402
 
 
-def test_three_7b_models_one_w16_copy(tmp_path):
+def test_three_7b_models_one_w16_copy(tmp_path, device_memory):
     files = {}
     for i, name in enumerate("abc"):
         files[name] = str(tmp_path / f"{name}.gguf")
@@ -28,7 +28,7 @@ def test_three_7b_models_one_w16_copy(tmp_path):
     # One f16 copy (13 GiB, about twice a model's quantized footprint), never two.
     budget = 3 * est.total(False) + est.w16 + (256 << 20)
     assert est.w16 > est.total(False) + (256 << 20)
-    mem = DeviceMemory(limit=budget)
+    mem = device_memory(budget)
     h = Host(lambda: CudaBackend(mem), mem, traits, budget, device="cuda:0")
 
     def check():

@@ -13,7 +13,7 @@ import gguf.quants
 
 from minferd.kernels.dequant_ref import dequantize, dequantize_rows
 from minferd.kernels.quant import SUPPORTED_NAMES, TYPES, by_id, by_name, row_bytes, tensor_bytes
-from minferd.kernels.quantize_ref import quantize, random_blocks
+from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
 
 ALL = list(SUPPORTED_NAMES)
 QUANTIZED = [n for n in ALL if TYPES[n].is_quantized]
@@ -184,3 +184,19 @@ def test_random_blocks_benign_and_deterministic(name):
     y = dequantize(qt, a, 4, ROW)
     assert np.isfinite(y).all() and np.abs(y).max() < 64
     assert np.unique(a).size > 200  # the quants are random, not a fill pattern
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_centred_scaled_blocks_look_like_a_model_matrix(name):
+    """What synth writes for --random-blocks: rows near zero-mean (an off-centre row adds up over
+    K inputs) and values of the asked-for size, so a deep random model stays inside f16's range."""
+    qt = TYPES[name]
+    a = random_blocks(qt, 16, ROW, np.random.default_rng(3))
+    center_blocks(qt, a)
+    y0 = dequantize(qt, a, 16, ROW).astype(np.float64)
+    rms0 = np.sqrt(np.mean(y0 ** 2))
+    assert np.abs(y0.mean(1)).mean() < 0.1 * rms0
+    scale_blocks(qt, a, 0.01 / rms0)
+    y = dequantize(qt, a, 16, ROW).astype(np.float64)
+    assert np.sqrt(np.mean(y ** 2)) == pytest.approx(0.01, rel=0.05)
+    assert np.abs(y.mean(1)).mean() < 0.1 * 0.01

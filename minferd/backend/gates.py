@@ -1,0 +1,48 @@
+"""Which prefill kernel runs a matmul: the fastest one the model's plan allows, from a table of
+kernel times measured on the H200 (prefill_gates_h200.json, made by bench/crossover.py).
+
+A kernel +40% at one shape can be -63% at another (the seeds' field notes), so nothing here is
+a rule of thumb: a matmul of type T, shape N x K and n tokens takes the table's row of the same
+type (Q4_K's where T was not measured), the nearest measured shape and the nearest n, and the
+lowest time among the kernels allowed, or the first allowed within TIE of it (the timing noise of
+small matmuls must not flip a model between kernels). Nothing measured: the first allowed.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("prefill_gates_h200.json")
+TIE = 1.10
+PROXY_TYPE = "Q4_K"  # the most measured type: its shape/batch behaviour stands in for the others
+
+
+@functools.lru_cache(maxsize=None)
+def _rows(path: Path = TABLE) -> dict:
+    by_type: dict[str, list] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        by_type.setdefault(r["type"], []).append(r)
+    return by_type
+
+
+def _log_gap(a: int, b: int) -> float:
+    return abs(math.log(a) - math.log(b))
+
+
+@functools.lru_cache(maxsize=4096)
+def choose(allowed: tuple[str, ...], qtype: str, N: int, K: int, n: int, path: Path = TABLE) -> str:
+    """The kernel (one of `allowed`, in order of preference where unmeasured) for x (n, K) @ W (N, K).T."""
+    rows = _rows(path)
+    rows = rows.get(qtype) or rows.get(PROXY_TYPE) or []
+    if len(allowed) == 1 or not rows:
+        return allowed[0]
+    shape = min({(r["N"], r["K"]) for r in rows}, key=lambda s: _log_gap(s[0], N) + _log_gap(s[1], K))
+    same = [r for r in rows if (r["N"], r["K"]) == shape]
+    row = min(same, key=lambda r: _log_gap(r["n"], n))
+    timed = [k for k in allowed if k in row["us"]]
+    if not timed:
+        return allowed[0]
+    best = min(row["us"][k] for k in timed)
+    return next(k for k in timed if row["us"][k] <= best * TIE)

@@ -1,0 +1,46 @@
+"""The prefill gate table (minferd/backend/gates.py over prefill_gates_h200.json, measured on the
+H200 by bench/crossover.py): well-formed, covering the shapes and batches it is asked about, and
+choosing only among the kernels a plan allows."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minferd.backend import gates
+
+KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq"}
+NO_COPY = ("fused_b", "tiles", "mmq")
+
+
+def test_table_is_well_formed():
+    table = json.loads(gates.TABLE.read_text())
+    assert "crossover.py" in table["made_by"] and table["rows"]
+    for r in table["rows"]:
+        assert set(r["us"]) <= KERNELS and all(t > 0 for t in r["us"].values()), r
+        assert "tiles" in r["us"] and "fused_b" in r["us"], r  # what every no-copy plan can run
+    measured = {(r["type"], r["N"], r["K"]) for r in table["rows"]}
+    assert {("Q4_K", 3584, 3584), ("Q4_K", 3584, 18944), ("Q6_K", 18944, 3584)} <= measured
+    assert max(r["n"] for r in table["rows"]) >= 2048
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0", "F16"])
+@pytest.mark.parametrize("N,K", [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944), (151936, 896)])
+@pytest.mark.parametrize("n", [9, 33, 512, 2048, 8192])
+def test_choice_is_allowed(qtype, N, K, n):
+    assert gates.choose(NO_COPY, qtype, N, K, n) in NO_COPY
+    assert gates.choose(("fused_b", "tiles"), qtype, N, K, n) in ("fused_b", "tiles")
+    assert gates.choose(("cublas",), qtype, N, K, n) == "cublas"
+    assert gates.choose(("tiles",), qtype, N, K, n) == "tiles"
+
+
+def test_choice_follows_the_measured_times(tmp_path):
+    rows = [{"type": "Q4_K", "N": 4096, "K": 4096, "n": 16, "us": {"fused_b": 10.0, "tiles": 30.0, "mmq": 9.5}},
+            {"type": "Q4_K", "N": 4096, "K": 4096, "n": 1024, "us": {"fused_b": 90.0, "tiles": 50.0, "mmq": 200.0}}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert gates.choose(NO_COPY, "Q4_K", 4096, 4096, 12, path) == "fused_b"  # mmq within the tie margin
+    assert gates.choose(("mmq", "fused_b"), "Q4_K", 4096, 4096, 12, path) == "mmq"
+    assert gates.choose(NO_COPY, "Q4_K", 4096, 4096, 2048, path) == "tiles"
+    assert gates.choose(NO_COPY, "Q6_K", 5000, 3000, 900, path) == "tiles"  # Q4_K's rows stand in
+    assert gates.choose(("cublas", "tiles"), "Q4_K", 4096, 4096, 16, path) == "tiles"  # cublas unmeasured
