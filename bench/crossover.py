@@ -82,7 +82,6 @@ def main(argv=None) -> int:
                 rows.append({"type": name, "N": N, "K": K, "n": n, "us": us})
                 print(f"{name:5s} {N:6d} x {K:<5d} {n:4d} " + " ".join(f"{us.get(k, float('nan')):9.1f}" for k in KERNELS),
                       flush=True)
-            del w, w16
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     head = json.dumps({"device": gpu, "made_by": f"python bench/crossover.py --table {args.table}",
                        "unit": f"microseconds, median of {args.reps}"}, indent=1)[:-2]

@@ -25,7 +25,7 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.tiles import gemm_tiles
-from minferd.backend.gates import choose
+from minferd.backend import gates
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
@@ -54,6 +54,10 @@ _gelu = cp.ElementwiseKernel(
     "minferd_gelu")
 
 
+def device_name() -> str:
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+
+
 class CudaBackend(Backend):
     name = "cuda"
     kv_dtype = "f16"
@@ -63,6 +67,8 @@ class CudaBackend(Backend):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
         # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
         self.prefill_kernel = os.environ.get("MINFERD_PREFILL_KERNEL") or None
+        self.gate_table = gates.table_path()
+        gates.check_device(device_name(), self.gate_table)
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
@@ -144,7 +150,7 @@ class CudaBackend(Backend):
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
-        kernel = choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n)
+        kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out)
         elif kernel == "mmq":

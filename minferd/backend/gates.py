@@ -6,25 +6,61 @@ a rule of thumb: a matmul of type T, shape N x K and n tokens takes the table's 
 type (Q4_K's where T was not measured), the nearest measured shape and the nearest n, and the
 lowest time among the kernels allowed, or the first allowed within TIE of it (the timing noise of
 small matmuls must not flip a model between kernels). Nothing measured: the first allowed.
+
+Another GPU: measure it (`python bench/crossover.py --table my_gpu.json`) and point
+MINFERD_GATE_TABLE at the file; until then the H200's table is used and the daemon says so.
 """
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
+import os
 from pathlib import Path
 
+from minferd.errors import InvalidRequest
+
 TABLE = Path(__file__).with_name("prefill_gates_h200.json")
+log = logging.getLogger("minferd")
 TIE = 1.10
 PROXY_TYPE = "Q4_K"  # the most measured type: its shape/batch behaviour stands in for the others
 
 
 @functools.lru_cache(maxsize=None)
+def _table(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text())
+        rows = table["rows"]
+        for r in rows:
+            if not (isinstance(r["type"], str) and min(r["N"], r["K"], r["n"]) > 0 and isinstance(r["us"], dict)):
+                raise ValueError(f"bad row {r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InvalidRequest(f"prefill gate table {path}: not a table bench/crossover.py wrote ({e})") from None
+    return table
+
+
+@functools.lru_cache(maxsize=None)
 def _rows(path: Path = TABLE) -> dict:
     by_type: dict[str, list] = {}
-    for r in json.loads(path.read_text())["rows"]:
+    for r in _table(path)["rows"]:
         by_type.setdefault(r["type"], []).append(r)
     return by_type
+
+
+def table_path(env=os.environ) -> Path:
+    return Path(env.get("MINFERD_GATE_TABLE") or TABLE)
+
+
+@functools.lru_cache(maxsize=None)
+def check_device(device_name: str, path: Path) -> bool:
+    """Whether the table was measured on this GPU; warns once per (GPU, table) when not."""
+    measured = _table(path).get("device", "?")
+    if measured != device_name:
+        log.warning("prefill kernel gates: %s was measured on %s, this is %s; measure this GPU with "
+                    "`python bench/crossover.py --table FILE` and set MINFERD_GATE_TABLE=FILE",
+                    path.name, measured, device_name)
+    return measured == device_name
 
 
 def _log_gap(a: int, b: int) -> float:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from minferd.backend import gates
+from minferd.errors import InvalidRequest
 
 KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq"}
 NO_COPY = ("fused_b", "tiles", "mmq")
@@ -44,3 +45,25 @@ def test_choice_follows_the_measured_times(tmp_path):
     assert gates.choose(NO_COPY, "Q4_K", 4096, 4096, 2048, path) == "tiles"
     assert gates.choose(NO_COPY, "Q6_K", 5000, 3000, 900, path) == "tiles"  # Q4_K's rows stand in
     assert gates.choose(("cublas", "tiles"), "Q4_K", 4096, 4096, 16, path) == "tiles"  # cublas unmeasured
+
+
+def test_another_gpu_is_told_to_measure_its_own(tmp_path, caplog):
+    assert gates.table_path({}) == gates.TABLE
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"device": "NVIDIA L4", "rows": []}))
+    assert gates.table_path({"MINFERD_GATE_TABLE": str(mine)}) == mine
+    with caplog.at_level("WARNING", logger="minferd"):
+        assert gates.check_device("NVIDIA H200", gates.TABLE)
+        assert not caplog.records
+        assert not gates.check_device("NVIDIA L4 (other)", mine)
+    assert "measured on NVIDIA L4" in caplog.text and "MINFERD_GATE_TABLE" in caplog.text
+    assert gates.choose(NO_COPY, "Q4_K", 4096, 4096, 512, mine) == NO_COPY[0]  # nothing measured
+
+
+@pytest.mark.parametrize("text", [None, "not json", '{"rows": [{"type": "Q4_K"}]}', '{"device": "x"}'])
+def test_a_bad_table_is_refused_by_name(tmp_path, text):
+    path = tmp_path / "gates.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(InvalidRequest, match=f"prefill gate table {path}"):
+        gates.check_device("NVIDIA H200", path)
