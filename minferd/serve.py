@@ -52,8 +52,9 @@ def build_host(cfg: ServeConfig) -> Host:
         from minferd.backend import gates
         from minferd.backend.cuda import CudaBackend, DeviceMemory, device_name
         from minferd.devices import cuda_traits
-        gates.check_device(device_name(), gates.table_path())  # a bad MINFERD_GATE_TABLE fails here, at start
-        mem = DeviceMemory(int(device.partition(":")[2]), limit=budget.capacity)
+        index = int(device.partition(":")[2])
+        gates.check_device(device_name(index), gates.table_path())  # a bad MINFERD_GATE_TABLE fails here, at start
+        mem = DeviceMemory(index, limit=budget.capacity)
         factory, traits = (lambda: CudaBackend(mem)), cuda_traits()
     host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device)
     host.promote_in_background = True

@@ -54,8 +54,8 @@ _gelu = cp.ElementwiseKernel(
     "minferd_gelu")
 
 
-def device_name() -> str:
-    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+def device_name(device_id: int | None = None) -> str:
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id if device_id is None else device_id)["name"].decode()
 
 
 class CudaBackend(Backend):
@@ -68,7 +68,7 @@ class CudaBackend(Backend):
         # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
         self.prefill_kernel = os.environ.get("MINFERD_PREFILL_KERNEL") or None
         self.gate_table = gates.table_path()
-        gates.check_device(device_name(), self.gate_table)
+        gates.check_device(device_name(memory.device_id), self.gate_table)
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
