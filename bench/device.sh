@@ -6,6 +6,7 @@
 #            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
+#   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -35,6 +36,12 @@ if want profile; then
   for p in mmq fused_b; do
     python3 bench/profile_ops.py /tmp/q7b.gguf --path $p --tokens 2048 --top 15 --json "$OUT/profile-$p.json" 2>&1 | tee -a "$OUT/profile.log"
   done
+fi
+if [ "$stage" = mmq ]; then
+  timeout -s INT 200 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/cuda/test_mmq.py 2>&1 | tee "$OUT/mmq-tests.log" | tail -15
+  python3 bench/mmq.py --configs --types Q4_K,Q6_K --json "$OUT/mmq.json" 2>&1 | tee "$OUT/mmq.log"
+  q7b
+  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths mmq@mmq,mmq -p 2048 -n 0 -r 3 --json "$OUT/bench-mmq.json" 2>&1 | tee "$OUT/bench-mmq.log"
 fi
 if want kernels; then
   python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"
