@@ -6,8 +6,9 @@ from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not 
 
 Kernels: mmvq (mat-vec, n <= 8, quantized bytes), cublas (the f16 copy: W16 plans only), tiles
 (dequantize row tiles into scratch + cuBLAS), fused_b (f16 mma, B decoded in registers), mmq
-(int8 mma). CUDA events around each call, median of --reps after warm-up; the input conversion
-each needs (int8 quantization, the f16 cast) is counted in it.
+(int8 mma). CUDA events around INNER calls in a row, median of --reps after warm-up; the input
+conversion each needs (int8 quantization, the f16 cast) is counted in it. (The committed table
+of 2026-11-29 timed one call at a time: its entries under ~100 us are launch-bound.)
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]
 NS = "1,2,4,8,12,16,24,32,48,64,96,128,256,512,1024,2048"
 KERNELS = ("mmvq", "cublas", "tiles", "fused_b", "mmq")
+INNER = 10  # calls per timed sample
 
 
 def main(argv=None) -> int:
@@ -48,15 +50,18 @@ def main(argv=None) -> int:
     from minferd.kernels.tiles import gemm_tiles
 
     def timed(f) -> float:
+        # INNER calls back to back between two events: the GPU's time per call, not the
+        # ~6 us Python launch a lone small kernel would be measured at.
         for _ in range(3):
             f()
         e0, e1, ts = cp.cuda.Event(), cp.cuda.Event(), []
         for _ in range(args.reps):
             e0.record()
-            f()
+            for _ in range(INNER):
+                f()
             e1.record()
             e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / INNER)
         return statistics.median(ts)
 
     rng, rows = np.random.default_rng(0), []
@@ -84,7 +89,7 @@ def main(argv=None) -> int:
                       flush=True)
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     head = json.dumps({"device": gpu, "made_by": f"python bench/crossover.py --table {args.table}",
-                       "unit": f"microseconds, median of {args.reps}"}, indent=1)[:-2]
+                       "unit": f"microseconds a call, median of {args.reps} x {INNER} calls"}, indent=1)[:-2]
     text = head + ',\n "rows": [\n' + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]\n}\n"
     for path in (args.table, args.json):
         if path:
