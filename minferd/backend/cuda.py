@@ -15,6 +15,7 @@ import os
 import cupy as cp
 import numpy as np
 
+from minferd.backend import gates
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.backend.cuda_graph import DecodeGraph
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
@@ -25,7 +26,6 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.tiles import gemm_tiles
-from minferd.backend import gates
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
