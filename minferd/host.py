@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from minferd import report
 from minferd.devices import DeviceTraits, MatmulPath
 from minferd.errors import Conflict, InvalidRequest, NotFound
 from minferd.loaded import LoadedModel, WeightSet
@@ -314,37 +315,15 @@ class Host:
     # ---- accounting ------------------------------------------------------------------------
     def status(self) -> dict:
         with self.lock:
-            led = self.ledger
-            pool = {"device": self.device, "capacity_bytes": led.capacity, "used_bytes": led.held(),
-                    "reserved_bytes": led.committed() - led.held(), "free_bytes": led.free(),
-                    "w16_min_bytes": self.w16_min_bytes}
-            return {"pool": pool, "models": [self.model_info(lm) for lm in self.models.values()],
+            return {"pool": report.pool_info(self.ledger, self.device, self.w16_min_bytes),
+                    "models": [self.model_info(lm) for lm in self.models.values()],
                     "events": list(self.events[-50:])}
 
     def model_info(self, lm: LoadedModel) -> dict:
-        ws, now = lm.ws, time.monotonic()
-        path = ws.current_path(self.traits)
-        if path == ws.plan.matmul_path:
-            reason = ws.plan.reason
-        elif path == MatmulPath.W16:
-            reason = f"promoted to w16 once the f16 copy fit (planned {ws.plan.matmul_path.value}: {ws.plan.reason})"
-        else:
-            reason = f"demoted to {path.value} under memory pressure (planned w16: {ws.plan.reason})"
-        mix: dict[str, int] = {}
-        for t, _ in ws.file.tensors.values():
-            mix[t.qtype.name] = mix.get(t.qtype.name, 0) + 1
-        left = -1.0 if lm.keep_alive < 0 else max(lm.keep_alive - (now - lm.last_used), 0.0)
-        return {"name": lm.name, "path": str(ws.file.path), "architecture": ws.file.spec.arch, "type_mix": mix,
-                "matmul_path": path.value, "planned_matmul_path": ws.plan.matmul_path.value, "reason": reason,
-                "bytes": self.model_bytes(lm), "ctx": lm.ctx, "pinned": lm.pinned, "keep_alive_seconds": lm.keep_alive,
-                "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
-                "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
-                "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
-                "waiting_for_w16": ws.waiting_for_w16()}
+        return report.model_info(lm, self.traits, self.ledger)
 
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
-        own, shared = self.ledger.by_kind(lm.name), self.ledger.by_kind(lm.ws.tag)
-        return {"weights": shared["weights"], "w16": shared["w16"], "kv": own["kv"], "scratch": own["scratch"]}
+        return report.model_bytes(lm, self.ledger)
 
 
 def _file_key(path) -> tuple:
