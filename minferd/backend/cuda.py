@@ -15,13 +15,12 @@ import os
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import cuda_attention, gates
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.backend.cuda_graph import DecodeGraph
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.kernels import module
 from minferd.kernels.cublas import gemm_f32
-from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
@@ -34,7 +33,6 @@ from minferd.devices import CUDA_MAX_BATCH, DEQUANT_ROWS
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
-DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid keeps graphs valid)
 
 
 def _ops():
@@ -292,53 +290,13 @@ class CudaBackend(Backend):
 
     def attention(self, q, cache: KVCache, layer, positions, window, scale):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        n, hq, d = q.shape
-        hkv = cache.k[layer].shape[1]
-        if n == 1:
-            return self._attention_decode(q, cache, layer, positions, window, scale)
+        k, v, slots = cache.k[layer], cache.v[layer], cache.slots[layer]
+        if q.shape[0] == 1:
+            return cuda_attention.decode(q, k, v, positions, slots, window, scale,
+                                         lambda out: self._xq_args(self._new_xq(out), out))
         # Prefill (never captured): the chunk sits at cache.n_tokens.. (forward advances it after
         # the last layer); reading `positions` back would stall the launch queue every layer.
-        first = cache.n_tokens
-        last = first + n - 1
-        size = cache.slots[layer]
-        lo = max(0, last + 1 - size)
-        if size < last + 1 and size < window + n - 1:
-            raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
-        if d in PREFILL_HEAD_DIMS:
-            out = cp.empty((n, hq * d), cp.float32)
-            attn_prefill(q, cache.k[layer], cache.v[layer], out, first=first, lo=lo, window=window, scale=scale)
-            return out
-        # Other head dims: two cuBLAS products around a masked softmax.
-        key_pos = cp.arange(lo, last + 1, dtype=cp.int32)
-        k = cache.k[layer][key_pos % size].astype(cp.float32)  # (L, hkv, d)
-        v = cache.v[layer][key_pos % size].astype(cp.float32)
-        g = hq // hkv
-        # Scores in f32: q.k of real activations can pass f16's 65504.
-        qg = (q * np.float32(scale)).reshape(n, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * n, d)
-        sc = cp.matmul(qg, k.transpose(1, 2, 0))  # (hkv, g*n, L)
-        L = sc.shape[-1]
-        _ops().get_function("masked_softmax_f32")((hkv * g * n,), (256,),
-                                                  (sc, np.int32(n), np.int32(L), np.int32(first), np.int32(lo),
-                                                   np.int32(window)))
-        o = cp.matmul(sc, v.transpose(1, 0, 2))  # (hkv, g*n, d)
-        return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d)
-
-    def _attention_decode(self, q, cache, layer, positions, window, scale):
-        hq, d = q.shape[1], q.shape[2]
-        if d % 32 or d > 256:
-            raise ValueError(f"decode attention supports head dims that are multiples of 32 up to 256, not {d}")
-        hkv = cache.k[layer].shape[1]
-        part_o = cp.empty((DECODE_SPLITS, hq, d), cp.float32)
-        part_ms = cp.empty((DECODE_SPLITS, hq, 2), cp.float32)
-        f = _ops().get_function("attn_decode_partial")
-        f((DECODE_SPLITS, hq), (128,), (q, cache.k[layer], cache.v[layer], positions, np.int32(cache.slots[layer]),
-                                        np.int32(window), np.float32(scale), np.int32(hq), np.int32(hkv), np.int32(d),
-                                        np.int32(DECODE_SPLITS), part_o, part_ms))
-        out = cp.empty((1, hq * d), cp.float32)
-        _ops().get_function("attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                                               np.int32(DECODE_SPLITS))
-                                                 + self._xq_args(self._new_xq(out), out))
-        return out
+        return cuda_attention.prefill(q, k, v, slots, cache.n_tokens, window, scale, layer)
 
     def swiglu(self, gate, up):
         return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else self._act_gate16(_swiglu, gate, up)
