@@ -16,7 +16,7 @@ cp = pytest.importorskip("cupy")
 from minferd.kernels import mmq as mq  # noqa: E402
 from minferd.kernels.mmq import SUPPORTED, mmq, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
-from tests.cuda.conftest import matmul_reference as reference, rel_err  # noqa: E402
+from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
 TOL = 1e-2
@@ -24,14 +24,9 @@ TOL_2PLANES = 1e-3  # the two-plane x lands near 1e-5 on these data; one plane n
 NAMES = sorted(SUPPORTED)
 
 
-
-
-
-
 def run(qt, w, x_h: np.ndarray, **kw):
-    x = cp.asarray(x_h)
-    out = cp.full((x_h.shape[0], w.shape[0]), np.nan, cp.float32)
-    mmq(qt, w, x, out, **kw)
+    out = poisoned((x_h.shape[0], w.shape[0]), cp.float32)
+    mmq(qt, w, cp.asarray(x_h), out, **kw)
     return out
 
 

@@ -15,21 +15,16 @@ cp = pytest.importorskip("cupy")
 from minferd.kernels import mmvq as mv  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
-from tests.cuda.conftest import matmul_reference as reference, rel_err  # noqa: E402
+from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
 TOL = 1e-2  # the contract; the two-plane x of mmvq.cu lands near 1e-5 on these data
 NAMES = tuple(TYPES)
 
 
-
-
-
-
 def run(qt, w, x_h: np.ndarray, **kw):
-    x = cp.asarray(x_h)
-    out = cp.full((x_h.shape[0], w.shape[0]), np.nan, cp.float32)
-    mmvq(qt, w, x, out, **kw)
+    out = poisoned((x_h.shape[0], w.shape[0]), cp.float32)
+    mmvq(qt, w, cp.asarray(x_h), out, **kw)
     return out
 
 
