@@ -38,6 +38,7 @@
 //    rows are padded to 144 bytes so the 8 row addresses of each matrix hit distinct banks.
 //
 // Wgmma (sm_90a) is deliberately not used: the module is compiled for plain sm_90.
+#include "mma.cuh"
 #include "mmq_decoders.cuh"
 
 #define MAGIC_I 0x4B400000
@@ -108,19 +109,7 @@ mmq_quantize_x(const float* __restrict__ x, int M, int K, int Mp, int Kp, i8* __
 }
 
 // ---------------------------------------------------------------------------------------
-// Tensor-core and async-copy primitives (inline PTX, sm_80+).
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
+// The int8 mma (mma.cuh has the loads and copies).
 // d = a (16x32 s8, row) * b (32x8 s8, col) + MAGIC: float bits of 1.5*2^23 + the dot product.
 __device__ __forceinline__ void mma_k32(int* d, const u32* a, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
@@ -189,22 +178,22 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
 #pragma unroll
     for (int idx = tid; idx < PLANES * BM * (BK / 16); idx += NT) {
       const int pl = idx / (BM * (BK / 16)), rem = idx % (BM * (BK / 16)), r = rem / (BK / 16), q = rem % (BK / 16);
-      cp_async16(smem_u32(st + S::X + (pl * BM + r) * ROWB + 16 * q), xq + pl * plane + (i64)(m0 + r) * Kp + k0 + 16 * q);
+      cp16(saddr(st + S::X + (pl * BM + r) * ROWB + 16 * q), xq + pl * plane + (i64)(m0 + r) * Kp + k0 + 16 * q, 16);
     }
     const int kb0 = k0 / 32;
     for (int idx = tid; idx < BM; idx += NT) {  // 4 chunks x BM/4 float4
       const int c = idx / (BM / 4), q = idx % (BM / 4);
-      cp_async16(smem_u32(st + S::XD + (c * BM + 4 * q) * 4), xd + (i64)(kb0 + c) * Mp + m0 + 4 * q);
+      cp16(saddr(st + S::XD + (c * BM + 4 * q) * 4), xd + (i64)(kb0 + c) * Mp + m0 + 4 * q, 16);
       if constexpr (KIND == 1)
-        cp_async16(smem_u32(st + S::XS + (c * BM + 4 * q) * 4), xs + (i64)(kb0 + c) * Mp + m0 + 4 * q);
+        cp16(saddr(st + S::XS + (c * BM + 4 * q) * 4), xs + (i64)(kb0 + c) * Mp + m0 + 4 * q, 16);
     }
     if constexpr (KIND == 3) {
       for (int idx = tid; idx < 2 * BM; idx += NT) {  // 4 chunks x BM/2 float4
         const int c = idx / (BM / 2), q = idx % (BM / 2);
-        cp_async16(smem_u32(st + S::XS16 + (c * BM + 2 * q) * 8), xs16 + (i64)(kb0 + c) * Mp + m0 + 2 * q);
+        cp16(saddr(st + S::XS16 + (c * BM + 2 * q) * 8), xs16 + (i64)(kb0 + c) * Mp + m0 + 2 * q, 16);
       }
     }
-    cp_async_commit();
+    cp_commit();
   };
   auto store_piece = [&](const D& dec, int i, int s, u8* st) {
     float* ws = reinterpret_cast<float*>(st + S::WS) + (2 * plp[i] * BN + pr[i]) * NS;
@@ -222,18 +211,18 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
   // one 32-chunk c of the stage st
   auto chunk = [&](const u8* st, int c) {
     u32 a[TN][4], b[PLANES][TM][2];
-    const u32 sw = smem_u32(st + S::W), sx = smem_u32(st + S::X);
+    const u32 sw = saddr(st + S::W), sx = saddr(st + S::X);
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
       const int r = wn * TN * 16 + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldsm_x4(sw + r * ROWB + 32 * c + (lane >> 4) * 16, a[i][0], a[i][1], a[i][2], a[i][3]);
+      ldsm4(sw + r * ROWB + 32 * c + (lane >> 4) * 16, a[i][0], a[i][1], a[i][2], a[i][3]);
     }
 #pragma unroll
     for (int pl = 0; pl < PLANES; ++pl)
 #pragma unroll
       for (int jj = 0; jj < TM / 2; ++jj) {
         const int r = wm * TM * 8 + 16 * jj + (lane & 7) + (lane >> 4) * 8;
-        ldsm_x4(sx + (pl * BM + r) * ROWB + 32 * c + ((lane >> 3) & 1) * 16,
+        ldsm4(sx + (pl * BM + r) * ROWB + 32 * c + ((lane >> 3) & 1) * 16,
                 b[pl][2 * jj][0], b[pl][2 * jj][1], b[pl][2 * jj + 1][0], b[pl][2 * jj + 1][1]);
       }
     const float* ws = reinterpret_cast<const float*>(st + S::WS) + c * BN * NS;
@@ -322,7 +311,7 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
     store_piece(dec, i, 0, smem);
   }
   load_x(0, smem);
-  cp_async_wait_all();
+  cp_wait<0>();
   __syncthreads();
 
   for (int s = 0; s < nsteps; ++s) {
@@ -338,7 +327,7 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
       for (int c = ph * (4 / PP); c < (ph + 1) * (4 / PP); ++c) chunk(cur, c);
       if (more) store_piece(dec, ph, s + 1, nxt);
     }
-    cp_async_wait_all();
+    cp_wait<0>();
     __syncthreads();
   }
 
