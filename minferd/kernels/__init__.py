@@ -4,6 +4,7 @@ compiler errors point into the .cu file. Importing this package needs no CuPy; `
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 DIR = Path(__file__).resolve().parent
@@ -14,6 +15,16 @@ def module(name: str, name_expressions: tuple[str, ...] = (), options: tuple[str
     """The compiled RawModule of minferd/kernels/<name>.cu (headers in this folder may be included)."""
     import cupy
     path = DIR / f"{name}.cu"
-    code = f'#line 1 "{path}"\n' + path.read_text()
+    # CuPy keys its disk cache on the source text, which does not show the headers it includes:
+    # their digest goes in, so a changed header can never bring back a stale cubin.
+    code = f"// headers {_headers_digest()}\n#line 1 \"{path}\"\n" + path.read_text()
     opts = ("-std=c++17", f"-I{DIR}") + tuple(options)
     return cupy.RawModule(code=code, options=opts, name_expressions=name_expressions or None)
+
+
+@functools.lru_cache(maxsize=None)
+def _headers_digest() -> str:
+    h = hashlib.sha256()
+    for p in sorted(DIR.glob("*.cuh")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]

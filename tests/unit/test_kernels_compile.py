@@ -18,3 +18,14 @@ def test_kernel_module_compiles(name):
     if r.returncode == 3:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_changed_header_changes_what_cupy_caches_by(tmp_path, monkeypatch):
+    """CuPy keys its kernel cache on the source text; module() puts the headers' digest in it,
+    so editing a .cuh can never bring back a cubin compiled from the old header."""
+    import minferd.kernels as kernels
+    monkeypatch.setattr(kernels, "DIR", tmp_path)
+    (tmp_path / "a.cuh").write_text("#define X 1\n")
+    before = kernels._headers_digest.__wrapped__()
+    (tmp_path / "a.cuh").write_text("#define X 2\n")
+    assert kernels._headers_digest.__wrapped__() != before
