@@ -7,6 +7,7 @@
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
+#   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -42,6 +43,15 @@ if [ "$stage" = mmq ]; then
   python3 bench/mmq.py --configs --types Q4_K,Q6_K --json "$OUT/mmq.json" 2>&1 | tee "$OUT/mmq.log"
   q7b
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths mmq@mmq,mmq -p 2048 -n 0 -r 3 --json "$OUT/bench-mmq.json" 2>&1 | tee "$OUT/bench-mmq.log"
+fi
+if [ "$stage" = probe ]; then
+  python3 bench/mmq_probe.py --type Q4_K 2>&1 | tee "$OUT/probe.log"
+  python3 bench/mmq_probe.py --type Q6_K --shape 2048,3584,18944 2>&1 | tee -a "$OUT/probe.log"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] && timeout 240 "$NCU" --clock-control none --kernel-name regex:mmq_gemm --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section LaunchStats \
+    python3 bench/mmq_probe.py --type Q4_K --once --ablate 0 --configs big,wide2,tall2 > "$OUT/ncu.txt" 2>&1
+  tail -5 "$OUT/ncu.txt"
 fi
 if want kernels; then
   python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"

@@ -2,8 +2,7 @@
 
 For M in --ms (tokens) and each (N, K) weight shape it times
   mmq      out (M, N) = x (M, K) @ dequant(W).T for --types, x's quantization included,
-           with the default two-plane x and (--planes 1,2) the one-plane variant, and with
-           the automatic tile config (--configs adds each config forced)
+           with the automatic tile config (--configs adds each config forced)
   cublas   cupy.matmul of f16 x (M, K) and f16 W.T (cuBLAS), for scale
 and prints ms and TOP/s (2*M*N*K operations / time). Timing: CUDA events around each call
 on one stream, median of --reps calls after --warmup calls. W is random valid blocks
@@ -48,7 +47,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
     ap.add_argument("--ms", default="512,2048")
-    ap.add_argument("--planes", default="2,1", help="x planes to time (1 only for mmq.ONE_PLANE_TYPES)")
     ap.add_argument("--configs", action="store_true", help="also time every tile config forced")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -65,7 +63,6 @@ def main() -> int:
     name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
     types = [t for t in args.types.split(",") if t]
     ms = [int(m) for m in args.ms.split(",")]
-    planes = [int(p) for p in args.planes.split(",")]
     rng = np.random.default_rng(0)
     rows = []
     print(f"# {name}, median of {args.reps} after {args.warmup} warm-up calls", flush=True)
@@ -77,7 +74,7 @@ def main() -> int:
             ops = 2.0 * M * N * K
             x = cp.random.standard_normal((M, K), dtype=cp.float32)
             out = cp.empty((M, N), cp.float32)
-            scratch = cp.empty(mq.scratch_bytes(M, K), cp.uint8)
+            scratch = cp.empty(max(mq.scratch_bytes(TYPES[t], M, N, K) for t in types), cp.uint8)
 
             def rec(label, t, **extra):
                 row = {"what": label, "M": M, "N": N, "K": K, "ms": t * 1e3, "tops": ops / t / 1e12, **extra}
@@ -86,16 +83,10 @@ def main() -> int:
 
             for t in types:
                 qt = TYPES[t]
-                for p in planes:
-                    if p == 1 and t not in mq.ONE_PLANE_TYPES:
-                        continue
-                    cfgs = [None] + (list(mq.CONFIGS) if args.configs else [])
-                    for cfg in cfgs:
-                        tt = time_fn(cp, lambda: mq.mmq(qt, ws[t], x, out, scratch=scratch, config=cfg, planes=p),
-                                     args.reps, args.warmup)
-                        used = cfg or mq.pick_config(M, N)
-                        rec(f"mmq {t} p{p} {used}{'' if cfg is None else '*'}", tt, type=t, planes=p, config=used,
-                            forced=cfg is not None)
+                for cfg in [None] + (list(mq.CONFIGS) if args.configs else []):
+                    tt = time_fn(cp, lambda: mq.mmq(qt, ws[t], x, out, scratch=scratch, config=cfg), args.reps, args.warmup)
+                    used = cfg or mq.pick_config(M, N)
+                    rec(f"mmq {t} {used}{'' if cfg is None else '*'}", tt, type=t, config=used, forced=cfg is not None)
             x16 = x.astype(cp.float16)
             tt = time_fn(cp, lambda: cp.matmul(x16, w16.T), args.reps, args.warmup)
             rec("cublas f16", tt, type="F16")
@@ -108,7 +99,7 @@ def main() -> int:
     for r in rows:
         if "forced" in r and r["forced"]:
             continue
-        lab = r["what"] if r["type"] == "F16" else f"mmq {r['type']} p{r['planes']}"
+        lab = r["what"] if r["type"] == "F16" else f"mmq {r['type']}"
         if lab not in labels:
             labels.append(lab)
     cols = [(M, N, K) for M in ms for N, K in SHAPES]
@@ -117,7 +108,7 @@ def main() -> int:
         cells, vals = [], []
         for M, N, K in cols:
             m = [r for r in rows if r["M"] == M and r["N"] == N and r["K"] == K and not r.get("forced")
-                 and (r["what"] == lab if r["type"] == "F16" else f"mmq {r['type']} p{r['planes']}" == lab)]
+                 and (r["what"] == lab if r["type"] == "F16" else f"mmq {r['type']}" == lab)]
             if m:
                 cells.append(f"{m[0]['ms']:7.3f}ms {m[0]['tops']:6.1f}")
                 vals.append(m[0]["tops"])

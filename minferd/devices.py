@@ -42,7 +42,8 @@ class DeviceTraits:
 def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     """An upper bound of what one forward pass of max_batch tokens holds at once on the CUDA
     backend (its arena): activations in f32 and f16, the attention's buffers, a dequantized
-    weight tile, a chunk of logits; then a quarter more for the pool's rounding. The flash
+    weight tile, a chunk of logits; then a quarter more for the pool's rounding, and an eighth
+    more for the MMQ kernel's slice of unpacked weights (CudaBackend gives it an eighth). The flash
     prefill kernel keeps scores in registers; only head dims it lacks pay for f32 scores over
     the whole context (at 32k tokens of context that term alone was 7.5 GB for a 7B model)."""
     from minferd.kernels.attn_prefill import HEAD_DIMS  # NumPy only
@@ -57,7 +58,8 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     tile = DEQUANT_ROWS * widest * f16 + n * DEQUANT_ROWS * (f16 + f32)
     logits = LOGITS_ROWS * spec.n_vocab * (f16 + 2 * f32)
     decode = 64 * spec.hidden * f32 + 32 * spec.q_dim * 2 * f32 + 2 * spec.n_vocab * f32
-    return int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20)
+    total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20)
+    return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 
 
 def cpu_traits(threads: int) -> DeviceTraits:

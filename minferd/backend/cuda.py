@@ -25,7 +25,7 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.tiles import gemm_tiles
-from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
+from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
 
@@ -152,7 +152,7 @@ class CudaBackend(Backend):
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out)
         elif kernel == "mmq":
-            mmq(w.qtype, w.data, x, out)
+            mmq(w.qtype, w.data, x, out, unpack_bytes=self._unpack_bytes())
         elif kernel == "fused_b":
             fused_b(w.qtype, w.data, self._as_f16(x), out)
         else:
@@ -162,6 +162,11 @@ class CudaBackend(Backend):
         if residual is not None:
             out += residual
         return out
+
+    def _unpack_bytes(self) -> int:
+        """mmq's slice of unpacked weights takes at most an eighth of the arena (the estimate
+        adds that eighth: devices.cuda_scratch_bytes)."""
+        return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.buf.nbytes // 8)
 
     def _prefill_kernels(self, w: Weight, n: int) -> tuple[str, ...]:
         """The kernels w's plan allows at n tokens, preferred first where the gate table ties.

@@ -1,63 +1,87 @@
 // Quantized prefill GEMM (llama.cpp's MMQ idea on integer tensor cores):
 //   out (M, N) f32 = x (M, K) f32 @ dequant(W)(N, K).T,  W = raw GGUF rows of a quantized type.
 //
-// 1. mmq_quantize_x: x -> int8 per 32 elements: a scale d = amax/127 and TWO planes,
-//    x ~= d * (hi + lo/128) (hi = rint(x/d), lo = rint of the residual in 1/128 steps), plus
-//    per block the sums of the quantized values (whole block, and each 16-element half) for
-//    the min terms. Rows are padded to a multiple of 128 and K to a multiple of 128 with zeros,
-//    so the GEMM never bounds-checks x. One plane (llama.cpp's q8_1) measured 0.5-0.75%
-//    relative error on the tests' random data (numpy emulation of exactly this scheme): under
-//    the 1e-2 contract but without much margin, and real activations have outliers. The second
-//    plane costs one more mma per tile and one FMA per output element per 32-chunk; the kernel
-//    is templated on PLANES so a one-plane variant can be measured (bench/mmq.py --planes).
-//    The sums match the planes used (hi only, or hi + lo/128): then the result is exactly
-//    x_quantized . dequant(W), whose error is ||x - x_q|| sized, not amplified by the mins.
+// 1. mmq_row_scale + mmq_quantize_x: x -> int8 with ONE scale per token row, d = amax/127,
+//    and TWO planes, x ~= d * (hi + lo/128) (hi = rint(x/d), lo = rint of the residual in
+//    1/128 steps), plus per 32-block the sums of the quantized values (whole block, and each
+//    16-element half) for the min terms. One scale a row takes d out of the K loop: the kernel
+//    sums w-scaled integer dot products and multiplies by d once, at the end. Two planes per
+//    row cost the real gemma3 1.2e-3..1.4e-3 relative logit error, top-1 100%
+//    (bench/activation_planes.py; one plane per 32, llama.cpp's q8_1: 4e-2 and 85-92%). The
+//    sums are of hi + lo/128, so the result is exactly x_quantized . dequant(W), whose error is
+//    ||x - x_q|| sized, not amplified by the mins. Rows are padded to a multiple of 128 and K to
+//    a multiple of 128 with zeros, so the GEMM never bounds-checks x.
 //
-// 2. mmq<TYPE, WN, WM, TN, TM, PLANES>: a CTA computes a BN x BM tile of out^T (BN = 16*TN*WN
-//    weight rows, BM = 8*TM*WM tokens) with WN x WM warps, each a (16*TN) x (8*TM) sub-tile
-//    of m16n8k32 s8 mma tiles (A = weights, row-major 16 x 32; B = x, "col" = each token's K
-//    run). K advances 128 elements per step (4 chunks of 32) through two shared-memory stages:
-//      - x (already int8) arrives by cp.async 16-byte copies, issued a step ahead;
-//      - W blocks are read from global memory into registers one step ahead (each thread one
-//        64-element "piece" of one row: half a 32-block pair or a quarter super-block),
-//        decoded to int8 (signed where the type has a fixed offset, as Q4_0's q-8, so no
-//        offset term is needed) and per-chunk float scales, and stored to the other stage
-//        after this step's chunks are done, so the loads' latency hides behind the mmas.
-//        Weight loads are only as wide as blocks.cuh's alignment table allows (u16 pairs for
-//        the 2-aligned types: a tensor may start on an odd block).
-//    Per 32-chunk every tile's int32 dot products are turned into f32 and scaled:
-//        acc += dx[tok] * (dw[row] * C + mn[row] * S[tok])
-//    (dw = the weight sub-block scale, mn = its min coefficient where the type has one, S =
-//    the token's quantized-x sum over the chunk). Q2_K/Q3_K/Q6_K have a scale per 16 elements:
-//    they run two m16n8k16 mmas per chunk (the same A/B registers split in halves) and scale
-//    each half. int32 -> f32 uses the magic-number trick folded into the mma: the accumulator
-//    starts at the bits of 1.5*2^23, so the mma leaves float bits of 1.5*2^23 + C and one FADD
-//    recovers C exactly (|C| < 2^22 for every type: Q8_0's 32*128*127 is the largest; the
-//    I2F instruction runs at 1/8 of the FMA rate on sm_90 and would be the bottleneck).
-//    Fragments come from shared memory by ldmatrix (int8 k32 tiles are b16 8x8 matrices);
-//    rows are padded to 144 bytes so the 8 row addresses of each matrix hit distinct banks.
+// 2. mmq_unpack<TYPE>: a slice of W's rows is decoded once, before the GEMM, into int8 values
+//    wq [N][Kp] (signed where the type has a fixed offset, as Q4_0's q-8, so no offset term is
+//    needed) and per-32-chunk float scales ws [N][Kp/32][NS] (with min coefficients where the
+//    type has them), by mmq_decoders.cuh, one thread a 64-element piece. Decoding inside the
+//    GEMM's K loop instead cost 10% (Q4_K) to 33% (Q6_K) of its time on the H200
+//    (bench/mmq_probe.py, 2026-11-30): every CTA along M decoded the same blocks again. The
+//    unpacked slice is transient scratch (mmq.py sizes the slices, 1.25 bytes a weight).
+//
+// 3. mmq_gemm<NS, KIND, WN, WM, TN, TM, MINB, STAGES>: a CTA computes a BN x BM tile of out^T
+//    (BN = 16*TN*WN weight rows, BM = 8*TM*WM tokens) with WN x WM warps, each a (16*TN) x (8*TM)
+//    sub-tile of m16n8k32 s8 mma tiles (A = weights, row-major 16 x 32; B = x, "col" = each
+//    token's K run). K advances 128 elements per step (4 chunks of 32) through STAGES shared-
+//    memory stages, each filled by cp.async 16-byte copies (weights, their scales, x's planes
+//    and sums) issued STAGES-1 steps ahead. Per 32-chunk every tile's int32 dot products are
+//    turned into f32 and scaled:
+//        acc += dw[row] * C + mn[row] * S[tok],   and at the end out = d[tok] * acc
+//    (dw = the weight sub-block scale, mn = its min coefficient where the type has one, S = the
+//    token's quantized-x sum over the chunk, d = the token's x scale). Q2_K/Q3_K/Q6_K have a
+//    scale per 16 elements: two m16n8k16 mmas per chunk (the same A/B registers split in
+//    halves), each half scaled. int32 -> f32 uses the magic-number trick folded into the mma:
+//    the accumulator starts at the bits of 1.5*2^23, so the mma leaves float bits of
+//    1.5*2^23 + C and one FADD recovers C exactly (|C| < 2^22 for every type: Q8_0's 32*128*127
+//    is the largest; I2F runs at 1/8 of the FMA rate on sm_90). Fragments come from shared
+//    memory by ldmatrix (int8 k32 tiles are b16 8x8 matrices); rows are padded to 144 bytes so
+//    the 8 row addresses of each matrix hit distinct banks.
 //
 // Wgmma (sm_90a) is deliberately not used: the module is compiled for plain sm_90.
 #include "mma.cuh"
 #include "mmq_decoders.cuh"
 
+#ifndef MMQ_ABLATE
+#define MMQ_ABLATE 0  // bench/mmq_probe.py: 1 = the per-chunk epilogue cut to the mmas' unbias
+#endif
 #define MAGIC_I 0x4B400000
 #define MAGIC_F 12582912.0f  // 1.5 * 2^23
 
 constexpr int BK = 128;          // K elements per pipeline step (4 chunks of 32)
 constexpr int ROWB = BK + 16;    // bytes per smem row (padding: conflict-free ldmatrix)
-constexpr int MP_ALIGN = 128;    // x rows are padded to this (the largest BM)
+constexpr int MP_ALIGN = 128;    // x rows and unpacked W rows are padded to this (the largest BM, BN)
 
 // ---------------------------------------------------------------------------------------
-// x quantizer. Thread = 8 consecutive elements, 4 threads = one 32-block. Writes, for x rows
-// m < Mp (rows >= M and columns >= K are zeros):
+// x's scale per token row: xd[m] = max |x[m, :]| / 127 (0 for the padding rows m >= M).
+extern "C" __global__ void __launch_bounds__(256)
+mmq_row_scale(const float* __restrict__ x, int M, int K, int Mp, float* __restrict__ xd) {
+  __shared__ float part[8];
+  const int m = blockIdx.x;
+  float amax = 0.0f;
+  if (m < M)
+    for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {  // K % 32 == 0
+      const float4 a = __ldg(reinterpret_cast<const float4*>(x + (i64)m * K + k));
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, part[w]);
+    xd[m] = amax / 127.0f;
+  }
+}
+
+// x quantizer. Thread = 8 consecutive elements, 4 threads = one 32-block. With d = xd[m] (the
+// row's scale, mmq_row_scale) writes, for x rows m < Mp (rows >= M and columns >= K are zeros):
 //   xq  int8 [2][Mp][Kp]      plane 0 = hi, plane 1 = lo (x ~= d*(hi + lo/128))
-//   xd  f32  [Kp/32][Mp]      d (block-major so a tile's scales are contiguous: cp.async)
-//   xs  f32  [2][Kp/32][Mp]   sum of the block's quantized values: [0] hi only, [1] hi + lo/128
-//   xs16 f32x2 [2][Kp/32][Mp] the same per 16-element half (Q2_K's mins)
+//   xs  f32  [Kp/32][Mp]      sum of the block's quantized values, hi + lo/128
+//   xs16 f32x2 [Kp/32][Mp]    the same per 16-element half (Q2_K's mins)
 extern "C" __global__ void __launch_bounds__(256)
 mmq_quantize_x(const float* __restrict__ x, int M, int K, int Mp, int Kp, i8* __restrict__ xq,
-               float* __restrict__ xd, float* __restrict__ xs, float2* __restrict__ xs16) {
+               const float* __restrict__ xd, float* __restrict__ xs, float2* __restrict__ xs16) {
   const i64 gt = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   const int kq = Kp >> 3;
   if (gt >= (i64)Mp * kq) return;  // Kp % 128 == 0: whole warps leave together
@@ -71,12 +95,7 @@ mmq_quantize_x(const float* __restrict__ x, int M, int K, int Mp, int Kp, i8* __
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = 0.0f;
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const float d = xd[m], id = d > 0.0f ? 1.0f / d : 0.0f;
   u32 h0 = 0, h1 = 0, l0 = 0, l1 = 0;
   int shi = 0, slo = 0;
 #pragma unroll
@@ -96,16 +115,29 @@ mmq_quantize_x(const float* __restrict__ x, int M, int K, int Mp, int Kp, i8* __
   const int hhi = shi + __shfl_xor_sync(0xffffffffu, shi, 1), hlo = slo + __shfl_xor_sync(0xffffffffu, slo, 1);
   const int ohi = __shfl_xor_sync(0xffffffffu, hhi, 2), olo = __shfl_xor_sync(0xffffffffu, hlo, 2);
   if ((threadIdx.x & 3) == 0) {
-    const int kb = k >> 5;
-    const i64 nkb = Kp >> 5, i = (i64)kb * Mp + m, pl = nkb * Mp;
-    xd[i] = d;
-    const float a1 = (float)hhi, b1 = (float)ohi;
-    const float a2 = a1 + (float)hlo * (1.0f / 128.0f), b2 = b1 + (float)olo * (1.0f / 128.0f);
-    xs[i] = a1 + b1;
-    xs[pl + i] = (float)(hhi + ohi) + (float)(hlo + olo) * (1.0f / 128.0f);
-    xs16[i] = make_float2(a1, b1);
-    xs16[pl + i] = make_float2(a2, b2);
+    const i64 i = (i64)(k >> 5) * Mp + m;
+    xs[i] = (float)(hhi + ohi) + (float)(hlo + olo) * (1.0f / 128.0f);
+    xs16[i] = make_float2((float)hhi + (float)hlo * (1.0f / 128.0f), (float)ohi + (float)olo * (1.0f / 128.0f));
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// W rows [0, N) -> wq int8 [N][Kp] and ws f32 [N][Kp/32][NS]; one thread one 64-element piece
+// (consecutive threads: consecutive pieces of a row, so loads and stores coalesce). Chunks past
+// the last block get zero scales (the decoders' ok flags). The GEMM reads rows up to a multiple
+// of 128: those past N hold whatever was there, and their results are never stored.
+template <int TYPE>
+__global__ void __launch_bounds__(256)
+mmq_unpack(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int Kp, i8* __restrict__ wq,
+           float* __restrict__ ws) {
+  typedef Dec<TYPE> D;
+  const int npieces = Kp >> 6;
+  const i64 gt = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gt >= (i64)N * npieces) return;
+  const int n = (int)(gt / npieces), P = (int)(gt % npieces);
+  D dec;
+  dec.fetch(W + (i64)n * row_bytes, P, nb);
+  dec.store(reinterpret_cast<u8*>(wq) + (i64)n * Kp + 64 * P, ws + ((i64)n * (Kp >> 5) + 2 * P) * D::NS, D::NS, P);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -121,39 +153,35 @@ __device__ __forceinline__ void mma_k16(int* d, u32 a0, u32 a1, u32 b0) {
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a0), "r"(a1), "r"(b0), "r"(MAGIC_I));
 }
-// The f32 value of a MAGIC-biased accumulator (one plane), or hi + lo/128 (two planes): the
-// FADD constant folds both biases, and the FMA rounds once.
-__device__ __forceinline__ float unbias1(int h) { return __int_as_float(h) - MAGIC_F; }
+// The f32 value hi + lo/128 of two MAGIC-biased accumulators: the FADD constant folds both
+// biases, and the FMA rounds once.
 __device__ __forceinline__ float unbias2(int h, int l) {
   return fmaf(__int_as_float(l), 1.0f / 128.0f, __int_as_float(h) - (MAGIC_F + MAGIC_F / 128.0f));
 }
 
 // Shared-memory stage layout (bytes), shared with mmq.py's smem_bytes().
-template <int BN, int BM, int NS, int KIND, int PLANES> struct Stage {
+template <int BN, int BM, int NS, int KIND> struct Stage {
   static constexpr int W = 0;                                  // int8 [BN][ROWB]
-  static constexpr int X = W + BN * ROWB;                      // int8 [PLANES][BM][ROWB]
-  static constexpr int WS = X + PLANES * BM * ROWB;            // f32 [4][BN][NS]
-  static constexpr int XD = WS + 4 * BN * NS * 4;              // f32 [4][BM]
-  static constexpr int XS = XD + 4 * BM * 4;                   // f32 [4][BM] (KIND 1)
+  static constexpr int X = W + BN * ROWB;                      // int8 [2][BM][ROWB] (hi, lo)
+  static constexpr int WS = X + 2 * BM * ROWB;                 // f32 [BN][4][NS]
+  static constexpr int XS = WS + 4 * BN * NS * 4;              // f32 [4][BM] (KIND 1)
   static constexpr int XS16 = XS + (KIND == 1 ? 4 * BM * 4 : 0);  // f32x2 [4][BM] (KIND 3)
   static constexpr int BYTES = XS16 + (KIND == 3 ? 4 * BM * 8 : 0);
 };
 
-// out[m, n] = sum_k x[m, k] W[n, k] for m < M, n < N. Grid (ceil(M/BM), ceil(N/BN)).
-// W: N rows of row_bytes (nb blocks). x: the quantizer's arrays for Mp rows and Kp columns;
-// xs/xs16 point at the plane-PLANES sums.
-template <int TYPE, int WN, int WM, int TN, int TM, int PLANES>
-__global__ void __launch_bounds__(WN * WM * 32, 1)
-mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int Kp,
-    const i8* __restrict__ xq, const float* __restrict__ xd, const float* __restrict__ xs,
-    const float2* __restrict__ xs16, float* __restrict__ out) {
-  typedef Dec<TYPE> D;
+// out[m, n] (row stride ldo) = sum_k x[m, k] W[n, k] for m < M, n < N. Grid (ceil(M/BM),
+// ceil(N/BN)). wq/ws: mmq_unpack's arrays, rows up to the grid's; x: the quantizer's arrays
+// for Mp rows and Kp columns (xd: the rows' scales; xs/xs16: the two-plane sums).
+template <int NS, int KIND, int WN, int WM, int TN, int TM, int MINB, int STAGES>
+__global__ void __launch_bounds__(WN * WM * 32, MINB)
+mmq_gemm(const i8* __restrict__ wq, const float* __restrict__ ws, int N, int M, int Mp, int Kp,
+         const i8* __restrict__ xq, const float* __restrict__ xd, const float* __restrict__ xs,
+         const float2* __restrict__ xs16, float* __restrict__ out, i64 ldo) {
   constexpr int NT = WN * WM * 32, BN = 16 * TN * WN, BM = 8 * TM * WM;
-  constexpr int NS = D::NS, KIND = D::KIND, PP = BN * 2 / NT;  // pieces per thread per step
-  typedef Stage<BN, BM, NS, KIND, PLANES> S;
-  static_assert(BN * 2 % NT == 0 && PP >= 1 && 4 % PP == 0, "pieces must split evenly");
+  typedef Stage<BN, BM, NS, KIND> S;
   static_assert(TM % 2 == 0, "B fragments load two n8 tiles at a time");
-  static_assert(MP_ALIGN % BM == 0, "x rows are padded for whole BM tiles");
+  static_assert(MP_ALIGN % BM == 0 && MP_ALIGN % BN == 0, "x and W rows are padded for whole tiles");
+  static_assert(STAGES >= 2, "a stage is filled while another is read");
   extern __shared__ __align__(16) u8 smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -162,42 +190,49 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
   const int nsteps = Kp / BK;
   const i64 plane = (i64)Mp * Kp;
 
-  // this thread's pieces: row r = idx/2 of the tile, local piece lp = idx%2 (elements 64lp..)
-  const u8* prow[PP];
-  int pr[PP], plp[PP];
+  // Step s's tiles into a stage: every copy is 16 bytes, every source 16-aligned. A thread's
+  // copies sit at the same places in every step, so their addresses are worked out once here
+  // and only advanced by the step (recomputed per copy, they were a third of the kernel's
+  // instructions).
+  constexpr int CPR = BK / 16, RPS = NT / CPR;  // copies per row and step; rows per pass of the CTA
+  static_assert(BN % RPS == 0 && BM % RPS == 0 && NT % NS == 0 && 2 * BM <= NT, "whole passes");
+  constexpr int WSC = (BN * NS + NT - 1) / NT;  // passes over the scales (NS float4 a row and step)
+  const int rq = tid / CPR, cq = tid % CPR, sr = tid / NS, sq = tid % NS;
+  const i64 pass = (i64)RPS * Kp;
+  const i8* wsrc = wq + (i64)(n0 + rq) * Kp + 16 * cq;
+  const i8* xsrc = xq + (i64)(m0 + rq) * Kp + 16 * cq;
+  const float* ssrc = ws + (i64)(n0 + sr) * (Kp / 32) * NS + 4 * sq;
+  const i64 spass = (i64)(NT / NS) * (Kp / 32) * NS;
+  const int xc = tid / (BM / 4), xq4 = tid % (BM / 4), yc = tid / (BM / 2), yq = tid % (BM / 2);
+  const float* xssrc = xs + (i64)xc * Mp + m0 + 4 * xq4;
+  const float2* x16src = xs16 + (i64)yc * Mp + m0 + 2 * yq;
+  const u32 sbase = saddr(smem);
+  const u32 dw = S::W + rq * ROWB + 16 * cq, dx = S::X + rq * ROWB + 16 * cq, dws = S::WS + 16 * tid;
+  const u32 dxs = S::XS + (xc * BM + 4 * xq4) * 4, dx16 = S::XS16 + (yc * BM + 2 * yq) * 8;
+  auto load = [&](int s, int stage) {
+    const u32 st = sbase + stage * S::BYTES;
+    const i64 k0 = (i64)s * BK;
 #pragma unroll
-  for (int i = 0; i < PP; ++i) {
-    const int idx = tid + i * NT;
-    pr[i] = idx >> 1;
-    plp[i] = idx & 1;
-    prow[i] = W + (i64)min(n0 + pr[i], N - 1) * row_bytes;  // tail rows: any valid row, discarded
-  }
-
-  auto load_x = [&](int s, u8* st) {  // cp.async of x's step-s tile into stage st
-    const int k0 = s * BK;
+    for (int i = 0; i < BN / RPS; ++i) cp16(st + dw + i * RPS * ROWB, wsrc + i * pass + k0, 16);
 #pragma unroll
-    for (int idx = tid; idx < PLANES * BM * (BK / 16); idx += NT) {
-      const int pl = idx / (BM * (BK / 16)), rem = idx % (BM * (BK / 16)), r = rem / (BK / 16), q = rem % (BK / 16);
-      cp16(saddr(st + S::X + (pl * BM + r) * ROWB + 16 * q), xq + pl * plane + (i64)(m0 + r) * Kp + k0 + 16 * q, 16);
-    }
-    const int kb0 = k0 / 32;
-    for (int idx = tid; idx < BM; idx += NT) {  // 4 chunks x BM/4 float4
-      const int c = idx / (BM / 4), q = idx % (BM / 4);
-      cp16(saddr(st + S::XD + (c * BM + 4 * q) * 4), xd + (i64)(kb0 + c) * Mp + m0 + 4 * q, 16);
-      if constexpr (KIND == 1)
-        cp16(saddr(st + S::XS + (c * BM + 4 * q) * 4), xs + (i64)(kb0 + c) * Mp + m0 + 4 * q, 16);
-    }
-    if constexpr (KIND == 3) {
-      for (int idx = tid; idx < 2 * BM; idx += NT) {  // 4 chunks x BM/2 float4
-        const int c = idx / (BM / 2), q = idx % (BM / 2);
-        cp16(saddr(st + S::XS16 + (c * BM + 2 * q) * 8), xs16 + (i64)(kb0 + c) * Mp + m0 + 2 * q, 16);
+    for (int pl = 0; pl < 2; ++pl)
+#pragma unroll
+      for (int i = 0; i < BM / RPS; ++i)
+        cp16(st + dx + (pl * BM + i * RPS) * ROWB, xsrc + pl * plane + i * pass + k0, 16);
+#pragma unroll
+    for (int i = 0; i < WSC; ++i) {
+      if (WSC * NT == BN * NS || tid + i * NT < BN * NS) {
+        cp16(st + dws + i * NT * 16, ssrc + i * spass + 4 * NS * s, 16);
       }
     }
-    cp_commit();
-  };
-  auto store_piece = [&](const D& dec, int i, int s, u8* st) {
-    float* ws = reinterpret_cast<float*>(st + S::WS) + (2 * plp[i] * BN + pr[i]) * NS;
-    dec.store(st + S::W + pr[i] * ROWB + 64 * plp[i], ws, BN * NS, 2 * s + plp[i]);
+    // Braces on every `if constexpr`: NVCC 13.0 dropped the statements after a discarded
+    // `if constexpr` whose body was an unbraced for loop (the copies that followed vanished).
+    if constexpr (KIND == 1) {
+      if (tid < BM) { cp16(st + dxs, xssrc + (i64)4 * s * Mp, 16); }  // 4 chunks x BM/4 float4
+    }
+    if constexpr (KIND == 3) {
+      if (tid < 2 * BM) { cp16(st + dx16, x16src + (i64)4 * s * Mp, 16); }  // 4 chunks x BM/2 float4
+    }
   };
 
   float acc[TN][TM][4];
@@ -210,7 +245,7 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
 
   // one 32-chunk c of the stage st
   auto chunk = [&](const u8* st, int c) {
-    u32 a[TN][4], b[PLANES][TM][2];
+    u32 a[TN][4], b[2][TM][2];
     const u32 sw = saddr(st + S::W), sx = saddr(st + S::X);
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
@@ -218,15 +253,14 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
       ldsm4(sw + r * ROWB + 32 * c + (lane >> 4) * 16, a[i][0], a[i][1], a[i][2], a[i][3]);
     }
 #pragma unroll
-    for (int pl = 0; pl < PLANES; ++pl)
+    for (int pl = 0; pl < 2; ++pl)
 #pragma unroll
       for (int jj = 0; jj < TM / 2; ++jj) {
         const int r = wm * TM * 8 + 16 * jj + (lane & 7) + (lane >> 4) * 8;
         ldsm4(sx + (pl * BM + r) * ROWB + 32 * c + ((lane >> 3) & 1) * 16,
-                b[pl][2 * jj][0], b[pl][2 * jj][1], b[pl][2 * jj + 1][0], b[pl][2 * jj + 1][1]);
+              b[pl][2 * jj][0], b[pl][2 * jj][1], b[pl][2 * jj + 1][0], b[pl][2 * jj + 1][1]);
       }
-    const float* ws = reinterpret_cast<const float*>(st + S::WS) + c * BN * NS;
-    const float* sxd = reinterpret_cast<const float*>(st + S::XD) + c * BM;
+    const float* wsf = reinterpret_cast<const float*>(st + S::WS) + c * NS;
     const float* sxs = reinterpret_cast<const float*>(st + S::XS) + c * BM;
     const float4* sxs16 = reinterpret_cast<const float4*>(st + S::XS16) + c * BM / 2;
     float sc[TN][2][NS];  // row scales of rows g (h = 0) and g + 8 of each 16-row tile
@@ -234,8 +268,8 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
     for (int i = 0; i < TN; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float* rs = ws + (wn * TN * 16 + 16 * i + g + 8 * h) * NS;
-        if constexpr (NS == 1) sc[i][h][0] = rs[0];
+        const float* rs = wsf + (wn * TN * 16 + 16 * i + g + 8 * h) * 4 * NS;
+        if constexpr (NS == 1) { sc[i][h][0] = rs[0]; }
         if constexpr (NS == 2) { const float2 v = *reinterpret_cast<const float2*>(rs); sc[i][h][0] = v.x; sc[i][h][1] = v.y; }
         if constexpr (NS == 4) {
           const float4 v = *reinterpret_cast<const float4*>(rs);
@@ -245,90 +279,71 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
 #pragma unroll
     for (int j = 0; j < TM; ++j) {
       const int col = wm * TM * 8 + 8 * j + 2 * t;  // tokens col, col + 1
-      const float2 dx = *reinterpret_cast<const float2*>(sxd + col);
       float2 sx = make_float2(0.f, 0.f);
       float4 s16 = make_float4(0.f, 0.f, 0.f, 0.f);
-      if constexpr (KIND == 1) sx = *reinterpret_cast<const float2*>(sxs + col);
-      if constexpr (KIND == 3) s16 = sxs16[col / 2];  // (a, b) of col, then of col + 1
+      if constexpr (KIND == 1) { sx = *reinterpret_cast<const float2*>(sxs + col); }
+      if constexpr (KIND == 3) { s16 = sxs16[col / 2]; }  // (a, b) of col, then of col + 1
 #pragma unroll
       for (int i = 0; i < TN; ++i) {
         float f[2][4];  // [half][element] (one half for KIND 0/1)
         if constexpr (KIND <= 1) {
-          int ch[4];
+          int ch[4], cl[4];
           mma_k32(ch, a[i], b[0][j][0], b[0][j][1]);
-          if constexpr (PLANES == 2) {
-            int cl[4];
-            mma_k32(cl, a[i], b[1][j][0], b[1][j][1]);
+          mma_k32(cl, a[i], b[1][j][0], b[1][j][1]);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) f[0][e] = unbias2(ch[e], cl[e]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) f[0][e] = unbias1(ch[e]);
-          }
+          for (int e = 0; e < 4; ++e) f[0][e] = unbias2(ch[e], cl[e]);
         } else {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            int ch[4];
+            int ch[4], cl[4];
             mma_k16(ch, a[i][2 * hf], a[i][2 * hf + 1], b[0][j][hf]);
-            if constexpr (PLANES == 2) {
-              int cl[4];
-              mma_k16(cl, a[i][2 * hf], a[i][2 * hf + 1], b[1][j][hf]);
+            mma_k16(cl, a[i][2 * hf], a[i][2 * hf + 1], b[1][j][hf]);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) f[hf][e] = unbias2(ch[e], cl[e]);
-            } else {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) f[hf][e] = unbias1(ch[e]);
-            }
+            for (int e = 0; e < 4; ++e) f[hf][e] = unbias2(ch[e], cl[e]);
           }
         }
+#if MMQ_ABLATE & 1
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] += f[0][e] + (KIND >= 2 ? f[1][e] : 0.0f);
+#else
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // row g (h = 0) or g + 8
           const float* r = sc[i][h];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {  // token col + e
             const int ei = 2 * h + e;
-            float tt;
-            if constexpr (KIND == 0) tt = f[0][ei] * r[0];
-            if constexpr (KIND == 1) tt = fmaf(r[1], e ? sx.y : sx.x, f[0][ei] * r[0]);
-            if constexpr (KIND == 2) tt = fmaf(f[1][ei], r[1], f[0][ei] * r[0]);
+            float v = fmaf(f[0][ei], r[0], acc[i][j][ei]);
+            if constexpr (KIND == 1) { v = fmaf(r[1], e ? sx.y : sx.x, v); }
+            if constexpr (KIND >= 2) { v = fmaf(f[1][ei], r[1], v); }
             if constexpr (KIND == 3) {
-              tt = fmaf(f[1][ei], r[1], f[0][ei] * r[0]);
-              tt = fmaf(r[2], e ? s16.z : s16.x, tt);
-              tt = fmaf(r[3], e ? s16.w : s16.y, tt);
+              v = fmaf(r[2], e ? s16.z : s16.x, v);
+              v = fmaf(r[3], e ? s16.w : s16.y, v);
             }
-            acc[i][j][ei] = fmaf(tt, e ? dx.y : dx.x, acc[i][j][ei]);
+            acc[i][j][ei] = v;
           }
         }
+#endif
       }
     }
   };
 
-  // prologue: step 0 into stage 0
+  // The classic multistage loop: STAGES-1 steps in flight; a stage is refilled only after the
+  // barrier that follows its last read. Every iteration commits a group (maybe empty) so
+  // wait_group<STAGES-2> always means "step s has landed".
 #pragma unroll
-  for (int i = 0; i < PP; ++i) {
-    D dec;
-    dec.fetch(prow[i], plp[i], nb);
-    store_piece(dec, i, 0, smem);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nsteps) load(s, s);
+    cp_commit();
   }
-  load_x(0, smem);
-  cp_wait<0>();
-  __syncthreads();
-
   for (int s = 0; s < nsteps; ++s) {
-    u8* cur = smem + (s & 1) * S::BYTES;
-    u8* nxt = smem + ((s + 1) & 1) * S::BYTES;
-    const bool more = s + 1 < nsteps;
-    if (more) load_x(s + 1, nxt);
-#pragma unroll
-    for (int ph = 0; ph < PP; ++ph) {
-      D dec;
-      if (more) dec.fetch(prow[ph], 2 * (s + 1) + plp[ph], nb);
-#pragma unroll 1
-      for (int c = ph * (4 / PP); c < (ph + 1) * (4 / PP); ++c) chunk(cur, c);
-      if (more) store_piece(dec, ph, s + 1, nxt);
-    }
-    cp_wait<0>();
+    cp_wait<STAGES - 2>();
     __syncthreads();
+    const int nx = s + STAGES - 1;
+    if (nx < nsteps) load(nx, nx % STAGES);
+    cp_commit();
+    const u8* cur = smem + (s % STAGES) * S::BYTES;
+#pragma unroll 1
+    for (int c = 0; c < 4; ++c) chunk(cur, c);
   }
 
 #pragma unroll
@@ -339,6 +354,6 @@ mmq(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int M, int Mp, int K
       for (int e = 0; e < 4; ++e) {
         const int n = n0 + wn * TN * 16 + 16 * i + g + 8 * (e >> 1);
         const int m = m0 + wm * TM * 8 + 8 * j + 2 * t + (e & 1);
-        if (n < N && m < M) out[(i64)m * N + n] = acc[i][j][e];
+        if (n < N && m < M) out[(i64)m * ldo + n] = acc[i][j][e] * __ldg(xd + m);
       }
 }

@@ -1,18 +1,24 @@
 """Launchers of mmq.cu: the quantized prefill GEMM out (M, N) f32 = x (M, K) f32 @ dequant(W).T.
 
-x is first quantized per 32 elements into int8 (two planes, x ~= d*(hi + lo/128), and the
-blocks' sums; `mmq_quantize_x`, into `scratch`), then one integer tensor-core kernel reads W's
-GGUF blocks straight from global memory, unpacks them to int8 + per-chunk scales in shared
-memory and runs mma.sync m16n8k32 (m16n8k16 for the per-16-scale types). Both launches are
-enqueued on the current (or given) stream; nothing synchronises or reads the device from the
-host, so the pair can be captured in a CUDA graph. The one allocation is the scratch when the
-caller passes none (CuPy's current allocator).
+Three steps, all enqueued on the current (or given) stream; nothing synchronises or reads the
+device from the host, so a call can be captured in a CUDA graph:
+  1. x into int8 with one scale per token row (two planes, x ~= d*(hi + lo/128), and the
+     32-blocks' sums): `mmq_row_scale`, `mmq_quantize_x`;
+  2. a slice of W's rows unpacked from its GGUF blocks to int8 values + per-chunk scales
+     (`mmq_unpack<TYPE>`), so the GEMM's K loop only copies and multiplies;
+  3. the integer tensor-core GEMM of that slice (`mmq_gemm`, mma.sync m16n8k32; m16n8k16 for
+     the per-16-scale types), then the next slice.
+Everything lives in one scratch buffer (scratch_bytes): x's quantized planes and sums, and one
+slice of unpacked rows, at most UNPACK_BYTES (all of a 7B model's matrices but the output
+head fit in one slice). The one allocation is that scratch when the caller passes none
+(CuPy's current allocator: a model's arena).
 
-Tile shapes (CONFIGS): "big" 128 weight rows x 128 tokens per CTA (8 warps, one CTA per SM),
-used when it gives at least 3/4 of a CTA per SM; else "small", 64 x 64 (4 warps, two per SM),
-so a short M or a small N still spreads over the GPU. Measured on the H200 (bench/mmq.py
---configs, 2026-11-30): big wins from 112 CTAs (M=512, N=3584) up; small wins at 16-64 CTAs
-(N=512).
+Tile shapes (CONFIGS): "wide2" 128 weight rows x 64 tokens per CTA (8 warps, registers held
+to 128 so two CTAs share an SM), used when it gives at least 3/4 of two CTAs per SM; else
+"small", 64 x 64 (4 warps), so a short M or a small N still spreads over the GPU. "big"
+(128 x 128, one CTA an SM, three stages) and "tall2" stay for bench/mmq.py --configs: on the
+H200 (2026-11-30) wide2 beat big by 5-17% at every Qwen2.5-7B shape from 512 tokens, and small
+won only at N = 512.
 """
 from __future__ import annotations
 
@@ -25,18 +31,19 @@ from . import module
 from .dequant import check_rows
 from .quant import TYPES, QuantType, by_name
 
-# (warps along N, warps along M, 16-row tiles per warp, 8-token tiles per warp)
-CONFIGS: dict[str, tuple[int, int, int, int]] = {"big": (2, 4, 4, 4), "small": (2, 2, 2, 4)}
+# (warps along N, warps along M, 16-row tiles per warp, 8-token tiles per warp, CTAs per SM
+# the registers are held to, shared-memory stages)
+CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "big": (2, 4, 4, 4, 1, 3), "small": (2, 2, 2, 4, 1, 3), "wide2": (4, 2, 2, 4, 2, 2), "tall2": (2, 4, 4, 2, 2, 2)}
 # per type: (scale floats per 32-chunk, kind): kind 0 scale, 1 scale + min (per 32),
-# 2 two scales (per 16), 3 two scales + two mins (per 16). Mirrors Dec<TYPE> in mmq.cu.
+# 2 two scales (per 16), 3 two scales + two mins (per 16). Mirrors Dec<TYPE> in mmq_decoders.cuh.
 _SCALES: dict[str, tuple[int, int]] = {
     "Q4_0": (1, 0), "Q4_1": (2, 1), "Q5_0": (1, 0), "Q5_1": (2, 1), "Q8_0": (1, 0),
     "Q2_K": (4, 3), "Q3_K": (2, 2), "Q4_K": (2, 1), "Q5_K": (2, 1), "Q6_K": (2, 2),
 }
 SUPPORTED: frozenset[str] = frozenset(_SCALES)
-PLANES = 2                                  # the default: x as hi + lo/128 (see mmq.cu's header)
-ONE_PLANE_TYPES = ("Q4_K", "Q6_K", "Q8_0")  # also compiled with one plane, for bench/mmq.py
-BK, ROWB, MP_ALIGN, KP_ALIGN = 128, 144, 128, 128  # as mmq.cu
+BK, ROWB, ALIGN = 128, 144, 128  # as mmq.cu (ALIGN: MP_ALIGN, rows of x and of unpacked W)
+UNPACK_BYTES = 128 << 20         # the most unpacked W (int8 + scales) one slice may take
 
 
 def _qt(qt) -> QuantType:
@@ -47,15 +54,20 @@ def _round_up(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def kernel_name(qt: QuantType, config: str, planes: int) -> str:
-    wn, wm, tn, tm = CONFIGS[config]
-    return f"mmq<{qt.ggml_id}, {wn}, {wm}, {tn}, {tm}, {planes}>"
+def gemm_name(qt: QuantType, config: str) -> str:
+    ns, kind = _SCALES[qt.name]
+    return f"mmq_gemm<{ns}, {kind}, {', '.join(str(v) for v in CONFIGS[config])}>"
+
+
+def unpack_name(qt: QuantType) -> str:
+    return f"mmq_unpack<{qt.ggml_id}>"
 
 
 def names() -> tuple[str, ...]:
-    out = [kernel_name(TYPES[t], c, PLANES) for t in sorted(SUPPORTED) for c in CONFIGS]
-    out += [kernel_name(TYPES[t], c, 1) for t in ONE_PLANE_TYPES for c in CONFIGS]
-    return tuple(out)  # mmq_quantize_x is extern "C": looked up by its plain name
+    kinds = sorted(set(_SCALES.values()))
+    gemms = [f"mmq_gemm<{ns}, {kind}, {', '.join(str(v) for v in cfg)}>" for ns, kind in kinds for cfg in CONFIGS.values()]
+    return tuple(gemms + [unpack_name(TYPES[t]) for t in sorted(SUPPORTED)])
+    # mmq_row_scale and mmq_quantize_x are extern "C": looked up by their plain names
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,30 +78,43 @@ def _fn(name: str, smem: int = 0):
     return f
 
 
-def smem_bytes(qt: QuantType, config: str, planes: int) -> int:
-    """Dynamic shared memory of one CTA: two stages of mmq.cu's Stage layout."""
-    wn, wm, tn, tm = CONFIGS[config]
+def smem_bytes(qt: QuantType, config: str) -> int:
+    """Dynamic shared memory of one CTA: STAGES stages of mmq.cu's Stage layout."""
+    wn, wm, tn, tm, _, stages = CONFIGS[config]
     bn, bm = 16 * tn * wn, 8 * tm * wm
     ns, kind = _SCALES[qt.name]
-    stage = bn * ROWB + planes * bm * ROWB + 4 * bn * ns * 4 + 4 * bm * 4
+    stage = bn * ROWB + 2 * bm * ROWB + 4 * bn * ns * 4
     stage += 4 * bm * 4 if kind == 1 else 0
     stage += 4 * bm * 8 if kind == 3 else 0
-    return 2 * stage
+    return stages * stage
 
 
-def _layout(M: int, K: int) -> tuple[int, int, int, int, int, int, int]:
-    """(Mp, Kp, xd offset, xs offset, xs16 offset, plane stride of the sums, total bytes):
-    xq int8 [2][Mp][Kp], xd f32 [Kp/32][Mp], xs f32 [2][Kp/32][Mp], xs16 f32x2 [2][Kp/32][Mp]."""
-    Mp, Kp = _round_up(max(M, 1), MP_ALIGN), _round_up(K, KP_ALIGN)
-    nkb = Kp // 32
-    o_d = _round_up(2 * Mp * Kp, 256)
-    o_s = o_d + _round_up(nkb * Mp * 4, 256)
-    o_s16 = o_s + _round_up(2 * nkb * Mp * 4, 256)
-    return Mp, Kp, o_d, o_s, o_s16, nkb * Mp, o_s16 + 2 * nkb * Mp * 8
+def _slice_rows(qt: QuantType, N: int, Kp: int, budget: int) -> int:
+    """Rows of W unpacked at a time: all of N when the budget allows, else equal slices."""
+    per_row = Kp + Kp // 32 * _SCALES[qt.name][0] * 4
+    fit = max(ALIGN, budget // per_row // ALIGN * ALIGN)
+    slices = -(-N // fit)
+    return min(_round_up(-(-N // slices), ALIGN), fit)
 
 
-def scratch_bytes(M: int, K: int) -> int:
-    return _layout(M, K)[-1]
+def _layout(qt: QuantType, M: int, N: int, K: int, unpack_bytes: int | None = None) -> dict[str, int]:
+    """Byte offsets in the scratch: xq int8 [2][Mp][Kp], xd f32 [Mp], xs f32 [Kp/32][Mp],
+    xs16 f32x2 [Kp/32][Mp], wq int8 [rows][Kp], ws f32 [rows][Kp/32][NS]; and the sizes."""
+    Mp, Kp = _round_up(max(M, 1), ALIGN), _round_up(K, BK)
+    rows = _slice_rows(qt, max(N, 1), Kp, unpack_bytes or UNPACK_BYTES)
+    nkb, ns = Kp // 32, _SCALES[qt.name][0]
+    o = {"Mp": Mp, "Kp": Kp, "rows": rows, "xq": 0}
+    o["xd"] = _round_up(2 * Mp * Kp, 256)
+    o["xs"] = o["xd"] + _round_up(Mp * 4, 256)
+    o["xs16"] = o["xs"] + _round_up(nkb * Mp * 4, 256)
+    o["wq"] = o["xs16"] + _round_up(nkb * Mp * 8, 256)
+    o["ws"] = o["wq"] + _round_up(rows * Kp, 256)
+    o["bytes"] = o["ws"] + nkb * rows * ns * 4
+    return o
+
+
+def scratch_bytes(qt, M: int, N: int, K: int, unpack_bytes: int | None = None) -> int:
+    return _layout(_qt(qt), M, N, K, unpack_bytes)["bytes"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,9 +125,9 @@ def _sm_count(dev: int) -> int:
 
 def pick_config(M: int, N: int) -> str:
     import cupy
-    wn, wm, tn, tm = CONFIGS["big"]
+    wn, wm, tn, tm, per_sm, _ = CONFIGS["wide2"]
     tiles = -(-M // (8 * tm * wm)) * -(-N // (16 * tn * wn))
-    return "big" if 4 * tiles >= 3 * _sm_count(cupy.cuda.Device().id) else "small"
+    return "wide2" if 4 * tiles >= 3 * per_sm * _sm_count(cupy.cuda.Device().id) else "small"
 
 
 def _stream(stream):
@@ -114,14 +139,15 @@ def _check_f32(a, shape, what):
         raise ValueError(f"mmq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
-def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None, planes: int = PLANES) -> None:
+def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None,
+        unpack_bytes: int | None = None) -> None:
     """out (M, N) f32 = x (M, K) f32 @ dequant(w).T for a quantized type in SUPPORTED.
 
     w: cupy uint8 (N, row_bytes) rows back to back (C-contiguous or a row slice); x: cupy f32
     (M, K) C-contiguous, 16-byte aligned; out: f32 (M, N) C-contiguous. scratch: uint8, at least
-    scratch_bytes(M, K), 256-aligned (None: taken from CuPy's current allocator). config
-    ("big"/"small") and planes (1: one int8 plane, as llama.cpp; only ONE_PLANE_TYPES) override
-    the defaults, for benchmarks and tests."""
+    scratch_bytes(qt, M, N, K, unpack_bytes), 256-aligned (None: taken from CuPy's current
+    allocator). unpack_bytes caps one slice of unpacked W (default UNPACK_BYTES). config (a
+    CONFIGS key) overrides the tile shape, for benchmarks and tests."""
     qt = _qt(qt)
     if qt.name not in SUPPORTED:
         raise ValueError(f"mmq: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
@@ -136,33 +162,38 @@ def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None, 
     N = w.shape[0] if w.ndim == 2 else -1
     rb = check_rows(qt, w, K)
     _check_f32(out, (M, N), "out")
-    if planes not in (1, 2) or planes == 1 and qt.name not in ONE_PLANE_TYPES:
-        raise ValueError(f"mmq: planes={planes} is not compiled for {qt.name}")
     cfg = config or (pick_config(M, N) if M and N else "small")
     if cfg not in CONFIGS:
         raise ValueError(f"mmq: unknown config {cfg!r}")
     if M == 0 or N == 0:
         return
-    Mp, Kp, o_d, o_s, o_s16, pstride, need = _layout(M, K)
+    lay = _layout(qt, M, N, K, unpack_bytes)
     if scratch is None:
         import cupy
         with _stream(stream):
-            scratch = cupy.empty(need, cupy.uint8)
-    elif scratch.dtype != np.uint8 or not scratch.flags.c_contiguous or scratch.nbytes < need:
-        raise ValueError(f"mmq: scratch must be contiguous uint8 of >= {need} bytes, got {scratch.dtype} {scratch.nbytes}")
+            scratch = cupy.empty(lay["bytes"], cupy.uint8)
+    elif scratch.dtype != np.uint8 or not scratch.flags.c_contiguous or scratch.nbytes < lay["bytes"]:
+        raise ValueError(f"mmq: scratch must be contiguous uint8 of >= {lay['bytes']} bytes, got {scratch.dtype} {scratch.nbytes}")
     elif scratch.data.ptr % 256:
         raise ValueError("mmq: scratch must be 256-aligned")
-    p = scratch.data.ptr
-    wn, wm, tn, tm = CONFIGS[cfg]
+    p, Mp, Kp, rows = scratch.data.ptr, lay["Mp"], lay["Kp"], lay["rows"]
+    at = {k: np.uint64(p + lay[k]) for k in ("xq", "xd", "xs", "xs16", "wq", "ws")}
+    wn, wm, tn, tm, _, _ = CONFIGS[cfg]
     bn, bm = 16 * tn * wn, 8 * tm * wm
-    smem = smem_bytes(qt, cfg, planes)
-    sel = pstride * (planes - 1)  # the sums matching the planes the kernel reads
+    smem = smem_bytes(qt, cfg)
+    gemm, unpack = _fn(gemm_name(qt, cfg), smem), _fn(unpack_name(qt))
+    nb, pieces = K // qt.block_elems, Kp // 64
     with _stream(stream):
+        _fn("mmq_row_scale")((Mp,), (256,), (x, np.int32(M), np.int32(K), np.int32(Mp), at["xd"]))
         _fn("mmq_quantize_x")(((Mp * Kp // 8 + 255) // 256,), (256,),
-                              (x, np.int32(M), np.int32(K), np.int32(Mp), np.int32(Kp), np.uint64(p),
-                               np.uint64(p + o_d), np.uint64(p + o_s), np.uint64(p + o_s16)))
-        _fn(kernel_name(qt, cfg, planes), smem)(
-            ((M + bm - 1) // bm, (N + bn - 1) // bn), (wn * wm * 32,),
-            (w, np.int64(rb), np.int32(N), np.int32(K // qt.block_elems), np.int32(M), np.int32(Mp), np.int32(Kp),
-             np.uint64(p), np.uint64(p + o_d), np.uint64(p + o_s + 4 * sel), np.uint64(p + o_s16 + 8 * sel), out),
-            shared_mem=smem)
+                              (x, np.int32(M), np.int32(K), np.int32(Mp), np.int32(Kp), at["xq"],
+                               at["xd"], at["xs"], at["xs16"]))
+        for n0 in range(0, N, rows):
+            nr = min(rows, N - n0)
+            unpack(((nr * pieces + 255) // 256,), (256,),
+                   (np.uint64(w.data.ptr + n0 * w.strides[0]), np.int64(rb), np.int32(nr), np.int32(nb),
+                    np.int32(Kp), at["wq"], at["ws"]))
+            gemm(((M + bm - 1) // bm, (nr + bn - 1) // bn), (wn * wm * 32,),
+                 (at["wq"], at["ws"], np.int32(nr), np.int32(M), np.int32(Mp), np.int32(Kp),
+                  at["xq"], at["xd"], at["xs"], at["xs16"], np.uint64(out.data.ptr + 4 * n0), np.int64(N)),
+                 shared_mem=smem)

@@ -1,8 +1,8 @@
 """mmq.cu against an f64 reference: out = x @ dequant(W).T within 1e-2 relative
 (||out - ref|| / ||ref||), for every supported type, M in {1, 5, 64, 130}, a row count that is
 no multiple of any tile, K with an odd number of blocks, tensors starting on odd and even
-blocks, both tile configs and both x plane counts, and real 7B prefill shapes. Outputs are
-poisoned with NaN first, so an element never written fails.
+blocks, every tile config, W unpacked in several slices, and real 7B prefill shapes. Outputs
+are poisoned with NaN first, so an element never written fails.
 
 The reference dequantizes with dequant_ref.py (bit-equal to gguf) and multiplies in f64.
 """
@@ -19,8 +19,7 @@ from minferd.kernels.quant import TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
-TOL = 1e-2
-TOL_2PLANES = 1e-3  # the two-plane x lands near 1e-5 on these data; one plane near 5e-3
+TOL = 1e-3  # the issue's bar is 1e-2; the two-plane x lands near 1e-4 on these data
 NAMES = sorted(SUPPORTED)
 
 
@@ -49,21 +48,23 @@ def test_mmq_small(name, M, to_device):
         ref = reference(qt, raw[sl], x)
         for config in mq.CONFIGS:
             err = rel_err(run(qt, w, x, config=config), ref)
-            assert err < TOL_2PLANES, f"{name} M={M} offset={offset} {config}: rel err {err:.2e}"
+            assert err < TOL, f"{name} M={M} offset={offset} {config}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("name", mq.ONE_PLANE_TYPES)
-@pytest.mark.parametrize("config", list(mq.CONFIGS))
-def test_mmq_one_plane(name, config, to_device):
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])
+def test_mmq_unpacks_in_slices(name, to_device, monkeypatch):
+    """A W too big for one unpacked slice runs as several (UNPACK_BYTES shrunk to force 3 slices
+    of 128 rows and a partial fourth), starting on an odd block."""
     qt = TYPES[name]
-    rng = np.random.default_rng(7 + qt.ggml_id)
+    rng = np.random.default_rng(11 + qt.ggml_id)
     K = qt.block_elems * n_blocks(qt)
-    raw = random_blocks(qt, 200, K, rng)
+    monkeypatch.setattr(mq, "UNPACK_BYTES", 128 * (K + 128) + 4096)
+    raw = random_blocks(qt, 451, K, rng)
     w = to_device(raw, qt.block_bytes)[1:]
-    for M in (1, 130):
-        x = rng.standard_normal((M, K)).astype(np.float32)
-        err = rel_err(run(qt, w, x, config=config, planes=1), reference(qt, raw[1:], x))
-        assert err < TOL, f"{name} M={M} {config} one plane: rel err {err:.2e}"
+    x = rng.standard_normal((70, K)).astype(np.float32)
+    assert mq._layout(qt, 70, 450, K)["rows"] == 128
+    err = rel_err(run(qt, w, x), reference(qt, raw[1:], x))
+    assert err < TOL, f"{name} in slices: rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -77,7 +78,7 @@ def test_mmq_deterministic_and_scratch(name, to_device):
     w = to_device(raw)
     M = 200
     x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32))
-    scratch = cp.empty(scratch_bytes(M, K), cp.uint8)
+    scratch = cp.empty(scratch_bytes(qt, M, 300, K), cp.uint8)
     stream = cp.cuda.Stream(non_blocking=True)
     outs = []
     for _ in range(2):
@@ -87,7 +88,7 @@ def test_mmq_deterministic_and_scratch(name, to_device):
         outs.append(cp.asnumpy(out))
     assert np.array_equal(outs[0], outs[1]), f"{name}: two runs differ"
     err = rel_err(cp.asarray(outs[0]), reference(qt, raw, cp.asnumpy(x)))
-    assert err < TOL_2PLANES, f"{name}: rel err {err:.2e}"
+    assert err < TOL, f"{name}: rel err {err:.2e}"
 
 
 def test_mmq_rejects_bad_arguments(to_device):
@@ -124,4 +125,4 @@ def test_mmq_real_shape(name, N, to_device):
     assert bool(cp.isfinite(out).all()), f"{name} {M}x{N}x{K}: non-finite output"
     sel = np.unique(np.concatenate([[0, N - 1], rng.integers(0, N, CHECK_ROWS)]))
     err = rel_err(out[:, cp.asarray(sel)], reference(qt, raw[sel], x))
-    assert err < TOL_2PLANES, f"{name} {M}x{N}x{K}: rel err {err:.2e}"
+    assert err < TOL, f"{name} {M}x{N}x{K}: rel err {err:.2e}"
