@@ -54,9 +54,12 @@ def _round_up(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def gemm_name(qt: QuantType, config: str) -> str:
-    ns, kind = _SCALES[qt.name]
+def _gemm(ns: int, kind: int, config: str) -> str:
     return f"mmq_gemm<{ns}, {kind}, {', '.join(str(v) for v in CONFIGS[config])}>"
+
+
+def gemm_name(qt: QuantType, config: str) -> str:
+    return _gemm(*_SCALES[qt.name], config)
 
 
 def unpack_name(qt: QuantType) -> str:
@@ -64,10 +67,10 @@ def unpack_name(qt: QuantType) -> str:
 
 
 def names() -> tuple[str, ...]:
-    kinds = sorted(set(_SCALES.values()))
-    gemms = [f"mmq_gemm<{ns}, {kind}, {', '.join(str(v) for v in cfg)}>" for ns, kind in kinds for cfg in CONFIGS.values()]
+    """The templates to instantiate: a GEMM per (scales, kind) x config, an unpacker per type.
+    (mmq_row_scale and mmq_quantize_x are extern "C": looked up by their plain names.)"""
+    gemms = [_gemm(ns, kind, c) for ns, kind in sorted(set(_SCALES.values())) for c in CONFIGS]
     return tuple(gemms + [unpack_name(TYPES[t]) for t in sorted(SUPPORTED)])
-    # mmq_row_scale and mmq_quantize_x are extern "C": looked up by their plain names
 
 
 @functools.lru_cache(maxsize=None)

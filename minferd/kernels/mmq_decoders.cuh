@@ -1,6 +1,6 @@
-// The MMQ kernel's weight decoders (mmq.cu): per type, Dec<TYPE> turns a 64-element "piece" of
-// a GGUF row into int8 values and per-chunk scales (and min coefficients) in shared memory,
-// ready for the integer tensor-core tiles. Loads stay within blocks.cuh's alignment table.
+// The MMQ kernel's weight decoders (mmq.cu's mmq_unpack): per type, Dec<TYPE> turns a 64-element
+// "piece" of a GGUF row into int8 values and per-chunk scales (and min coefficients), ready for
+// the integer tensor-core tiles. Loads stay within blocks.cuh's alignment table.
 // tests/cuda/test_mmq.py holds every type to the f64 reference.
 #pragma once
 #include "blocks.cuh"
