@@ -79,11 +79,8 @@ def main() -> int:
         lay = mq._layout(qt, M, N, K)
         p = scratch.data.ptr
         rows = min(lay["rows"], N)
-        f = mq._fn(mq.unpack_name(qt))
-        t = time_fn(cp, lambda: f(((rows * lay["Kp"] // 64 + 255) // 256,), (256,),
-                                  (w, np.int64(w.shape[1]), np.int32(rows), np.int32(K // qt.block_elems),
-                                   np.int32(lay["Kp"]),
-                                   np.uint64(p + lay["wq"]), np.uint64(p + lay["ws"]))), args.reps, 3)
+        t = time_fn(cp, lambda: mq.unpack_rows(qt, w, w.shape[1], 0, rows, K, lay["Kp"], np.uint64(p + lay["wq"]),
+                                               np.uint64(p + lay["ws"])), args.reps, 3)
         print(f"{'unpack':>8s}{t * 1e3:11.3f} ms for {rows} of {N} rows")
     return 0
 

@@ -142,6 +142,14 @@ def _check_f32(a, shape, what):
         raise ValueError(f"mmq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
+def unpack_rows(qt: QuantType, w, rb: int, n0: int, nr: int, K: int, Kp: int, wq, ws) -> None:
+    """mmq_unpack of w's rows n0 .. n0+nr (rb bytes apart) into wq int8 [nr][Kp] and ws f32
+    [nr][Kp/32][NS] (device addresses), on the current stream."""
+    _fn(unpack_name(qt))(((nr * (Kp // 64) + 255) // 256,), (256,),
+                         (np.uint64(w.data.ptr + n0 * rb), np.int64(rb), np.int32(nr),
+                          np.int32(K // qt.block_elems), np.int32(Kp), wq, ws))
+
+
 def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None,
         unpack_bytes: int | None = None) -> None:
     """out (M, N) f32 = x (M, K) f32 @ dequant(w).T for a quantized type in SUPPORTED.
@@ -184,8 +192,7 @@ def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None,
     wn, wm, tn, tm, _, _ = CONFIGS[cfg]
     bn, bm = 16 * tn * wn, 8 * tm * wm
     smem = smem_bytes(qt, cfg)
-    gemm, unpack = _fn(gemm_name(qt, cfg), smem), _fn(unpack_name(qt))
-    nb, pieces = K // qt.block_elems, Kp // 64
+    gemm = _fn(gemm_name(qt, cfg), smem)
     with _stream(stream):
         _fn("mmq_row_scale")((Mp,), (256,), (x, np.int32(M), np.int32(K), np.int32(Mp), at["xd"]))
         _fn("mmq_quantize_x")(((Mp * Kp // 8 + 255) // 256,), (256,),
@@ -193,9 +200,7 @@ def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None,
                                at["xd"], at["xs"], at["xs16"]))
         for n0 in range(0, N, rows):
             nr = min(rows, N - n0)
-            unpack(((nr * pieces + 255) // 256,), (256,),
-                   (np.uint64(w.data.ptr + n0 * w.strides[0]), np.int64(rb), np.int32(nr), np.int32(nb),
-                    np.int32(Kp), at["wq"], at["ws"]))
+            unpack_rows(qt, w, rb, n0, nr, K, Kp, at["wq"], at["ws"])
             gemm(((M + bm - 1) // bm, (nr + bn - 1) // bn), (wn * wm * 32,),
                  (at["wq"], at["ws"], np.int32(nr), np.int32(M), np.int32(Mp), np.int32(Kp),
                   at["xq"], at["xd"], at["xs"], at["xs16"], np.uint64(out.data.ptr + 4 * n0), np.int64(N)),
