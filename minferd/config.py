@@ -7,6 +7,38 @@ from dataclasses import dataclass, field, fields
 
 from minferd.errors import InvalidRequest
 
+# ---- one home for each constant ------------------------------------------------------------
+DEFAULT_CTX = 4096  # a load's KV length when it asks for none (capped at the model's training context)
+DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays; 0 unloads when idle, negative keeps forever
+W16_MIN_BYTES = 2 << 30  # the seeds' W16_ENABLE_BYTES: smaller models keep their quantized footprint
+DRAIN_SECONDS = 30.0  # SIGTERM: how long in-flight requests may run on before the daemon exits
+
+# Bounds on what a client may send, checked before any work; errors echo at most EXCERPT chars.
+MAX_NAME_CHARS = 128  # a model name
+MAX_PATH_BYTES = 4096  # a LoadModel path (PATH_MAX)
+MAX_PATH_PARTS = 256  # components of a LoadModel path (realpath's cost grows with their square)
+MAX_TOKENIZE_BYTES = 4 << 20  # Tokenize's text
+MAX_DETOKENIZE_IDS = 1 << 18  # Detokenize's ids
+MAX_CHAT_MESSAGES = 4096  # messages in one Chat
+TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
+TEMPLATE_SECONDS = 2.0  # and wall time
+MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
+
+# ---- process-wide valves (MINFERD_* environment read at use, so tests can set them) -----------
+VALVES = {
+    "MINFERD_NO_W16CACHE": "1 forbids the f16 copy for every model",
+    "MINFERD_FUSED_B": "1 plans every model FUSED_B",
+    "MINFERD_PREFILL_KERNEL": "mmq | fused_b | tiles: one prefill kernel for every no-copy matmul",
+    "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
+}
+
+
+def valve(name: str, env=os.environ) -> str | None:
+    """A MINFERD_* valve's value, or None where unset or empty."""
+    if name not in VALVES:
+        raise KeyError(f"{name} is not a minferd valve ({', '.join(VALVES)})")
+    return env.get(name) or None
+
 
 def default_socket() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
@@ -27,11 +59,11 @@ class ServeConfig:
     token: str | None = None
     token_file: str | None = None
     insecure: bool = False
-    keep_alive: float = 300.0
-    w16_min_bytes: int = 2 << 30
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    w16_min_bytes: int = W16_MIN_BYTES
     threads: int | None = None
     max_message_bytes: int = 16 << 20
-    drain_seconds: float = 30.0
+    drain_seconds: float = DRAIN_SECONDS
 
     def bearer_token(self) -> str | None:
         if self.token_file:

@@ -1,5 +1,17 @@
 """Typed errors. Every layer raises these; the gRPC edge maps them to status codes in one place."""
 
+EXCERPT = 120  # characters of a client's value an error echoes
+
+
+def excerpt(value, limit: int = EXCERPT) -> str:
+    """repr() of a client's value cut to `limit` characters: errors name what was sent without
+    echoing megabytes of it back (a 100 KB name passed gRPC's metadata limit as a status message)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
 
 class MinferdError(Exception):
     """Base of every error minferd raises on purpose."""

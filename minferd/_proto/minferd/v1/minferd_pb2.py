@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18minferd/v1/minferd.proto\x12\nminferd.v1\"\xb0\x01\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12+\n\x0bmatmul_path\x18\x03 \x01(\x0e\x32\x16.minferd.v1.MatmulPath\x12\x0b\n\x03\x63tx\x18\x04 \x01(\r\x12\x0e\n\x06pinned\x18\x05 \x01(\x08\x12\x1f\n\x12keep_alive_seconds\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_keep_alive_seconds\"l\n\x0cLoadProgress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x12\n\nbytes_done\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x03 \x01(\x04\x12$\n\x05model\x18\x04 \x01(\x0b\x32\x15.minferd.v1.ModelInfo\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x13UnloadModelResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\"\x13\n\x11ListModelsRequest\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.minferd.v1.ModelInfo\"\x12\n\x10GetStatusRequest\"c\n\x06Status\x12\"\n\x04pool\x18\x01 \x01(\x0b\x32\x14.minferd.v1.PoolInfo\x12%\n\x06models\x18\x02 \x03(\x0b\x32\x15.minferd.v1.ModelInfo\x12\x0e\n\x06\x65vents\x18\x03 \x03(\t\"\x9e\x01\n\x08PoolInfo\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x04 \x01(\x04\x12\x12\n\nfree_bytes\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x15\n\rw16_min_bytes\x18\x07 \x01(\x04\"C\n\x06\x42yKind\x12\x0f\n\x07weights\x18\x01 \x01(\x04\x12\x0b\n\x03w16\x18\x02 \x01(\x04\x12\n\n\x02kv\x18\x03 \x01(\x04\x12\x0f\n\x07scratch\x18\x04 \x01(\x04\"\xf7\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x34\n\x08type_mix\x18\x04 \x03(\x0b\x32\".minferd.v1.ModelInfo.TypeMixEntry\x12\x13\n\x0bmatmul_path\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1b\n\x13planned_matmul_path\x18\x07 \x01(\t\x12!\n\x05\x62ytes\x18\x08 \x01(\x0b\x32\x12.minferd.v1.ByKind\x12\x0b\n\x03\x63tx\x18\t \x01(\r\x12\x0e\n\x06pinned\x18\n \x01(\x08\x12\x1a\n\x12keep_alive_seconds\x18\x0b \x01(\x01\x12\x1f\n\x17keep_alive_left_seconds\x18\x0c \x01(\x01\x12\x16\n\x0elast_used_unix\x18\r \x01(\x01\x12\x13\n\x0bloaded_unix\x18\x0e \x01(\x01\x12\x10\n\x08requests\x18\x0f \x01(\x04\x12\x18\n\x10tokens_generated\x18\x10 \x01(\x04\x12\x13\n\x0bshared_with\x18\x11 \x03(\t\x12\x0c\n\x04\x62usy\x18\x12 \x01(\x08\x12\x17\n\x0fwaiting_for_w16\x18\x13 \x01(\x08\x1a.\n\x0cTypeMixEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1b\n\x0erepeat_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1a\n\rrepeat_last_n\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x11\n\x0f_repeat_penaltyB\x10\n\x0e_repeat_last_nB\x07\n\x05_seedB\r\n\x0b_max_tokens\"\xb7\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12#\n\x03ids\x18\x03 \x01(\x0b\x32\x14.minferd.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.minferd.v1.SamplingParams\x12\x18\n\x0b\x61\x64\x64_special\x18\x05 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x0e\n\x0c_add_special\"l\n\rGenerateEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12$\n\x07timings\x18\x04 \x01(\x0b\x32\x13.minferd.v1.Timings\"\x8e\x01\n\x07Timings\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x12\n\nprefill_ms\x18\x03 \x01(\x01\x12\x11\n\tdecode_ms\x18\x04 \x01(\x01\x12\x15\n\rprefill_tok_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x64\x65\x63ode_tok_s\x18\x06 \x01(\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.minferd.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minferd.v1.SamplingParams\"X\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x0b\x61\x64\x64_special\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x0e\n\x0c_add_special\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"/\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"~\n\x16SetModelOptionsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06pinned\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1f\n\x12keep_alive_seconds\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\t\n\x07_pinnedB\x15\n\x13_keep_alive_seconds\"\x1d\n\rDemoteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1e\n\x0ePromoteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t*A\n\nMatmulPath\x12\x14\n\x10MATMUL_PATH_AUTO\x10\x00\x12\x07\n\x03W16\x10\x01\x12\x07\n\x03MMQ\x10\x02\x12\x0b\n\x07\x46USED_B\x10\x03\x32\x8c\x06\n\x07Minferd\x12\x45\n\tLoadModel\x12\x1c.minferd.v1.LoadModelRequest\x1a\x18.minferd.v1.LoadProgress0\x01\x12N\n\x0bUnloadModel\x12\x1e.minferd.v1.UnloadModelRequest\x1a\x1f.minferd.v1.UnloadModelResponse\x12K\n\nListModels\x12\x1d.minferd.v1.ListModelsRequest\x1a\x1e.minferd.v1.ListModelsResponse\x12=\n\tGetStatus\x12\x1c.minferd.v1.GetStatusRequest\x1a\x12.minferd.v1.Status\x12\x44\n\x08Generate\x12\x1b.minferd.v1.GenerateRequest\x1a\x19.minferd.v1.GenerateEvent0\x01\x12<\n\x04\x43hat\x12\x17.minferd.v1.ChatRequest\x1a\x19.minferd.v1.GenerateEvent0\x01\x12\x45\n\x08Tokenize\x12\x1b.minferd.v1.TokenizeRequest\x1a\x1c.minferd.v1.TokenizeResponse\x12K\n\nDetokenize\x12\x1d.minferd.v1.DetokenizeRequest\x1a\x1e.minferd.v1.DetokenizeResponse\x12L\n\x0fSetModelOptions\x12\".minferd.v1.SetModelOptionsRequest\x1a\x15.minferd.v1.ModelInfo\x12:\n\x06\x44\x65mote\x12\x19.minferd.v1.DemoteRequest\x1a\x15.minferd.v1.ModelInfo\x12<\n\x07Promote\x12\x1a.minferd.v1.PromoteRequest\x1a\x15.minferd.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18minferd/v1/minferd.proto\x12\nminferd.v1\"\xb0\x01\n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12+\n\x0bmatmul_path\x18\x03 \x01(\x0e\x32\x16.minferd.v1.MatmulPath\x12\x0b\n\x03\x63tx\x18\x04 \x01(\r\x12\x0e\n\x06pinned\x18\x05 \x01(\x08\x12\x1f\n\x12keep_alive_seconds\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x15\n\x13_keep_alive_seconds\"l\n\x0cLoadProgress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x12\n\nbytes_done\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x03 \x01(\x04\x12$\n\x05model\x18\x04 \x01(\x0b\x32\x15.minferd.v1.ModelInfo\"\"\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x13UnloadModelResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x04\"\x13\n\x11ListModelsRequest\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.minferd.v1.ModelInfo\"\x12\n\x10GetStatusRequest\"c\n\x06Status\x12\"\n\x04pool\x18\x01 \x01(\x0b\x32\x14.minferd.v1.PoolInfo\x12%\n\x06models\x18\x02 \x03(\x0b\x32\x15.minferd.v1.ModelInfo\x12\x0e\n\x06\x65vents\x18\x03 \x03(\t\"\xb7\x01\n\x08PoolInfo\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x04 \x01(\x04\x12\x12\n\nfree_bytes\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x15\n\rw16_min_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x61llocated_bytes\x18\x08 \x01(\x04\"C\n\x06\x42yKind\x12\x0f\n\x07weights\x18\x01 \x01(\x04\x12\x0b\n\x03w16\x18\x02 \x01(\x04\x12\n\n\x02kv\x18\x03 \x01(\x04\x12\x0f\n\x07scratch\x18\x04 \x01(\x04\"\x8b\x04\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x34\n\x08type_mix\x18\x04 \x03(\x0b\x32\".minferd.v1.ModelInfo.TypeMixEntry\x12\x13\n\x0bmatmul_path\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1b\n\x13planned_matmul_path\x18\x07 \x01(\t\x12!\n\x05\x62ytes\x18\x08 \x01(\x0b\x32\x12.minferd.v1.ByKind\x12\x0b\n\x03\x63tx\x18\t \x01(\r\x12\x0e\n\x06pinned\x18\n \x01(\x08\x12\x1a\n\x12keep_alive_seconds\x18\x0b \x01(\x01\x12\x1f\n\x17keep_alive_left_seconds\x18\x0c \x01(\x01\x12\x16\n\x0elast_used_unix\x18\r \x01(\x01\x12\x13\n\x0bloaded_unix\x18\x0e \x01(\x01\x12\x10\n\x08requests\x18\x0f \x01(\x04\x12\x18\n\x10tokens_generated\x18\x10 \x01(\x04\x12\x13\n\x0bshared_with\x18\x11 \x03(\t\x12\x0c\n\x04\x62usy\x18\x12 \x01(\x08\x12\x17\n\x0fwaiting_for_w16\x18\x13 \x01(\x08\x12\x12\n\nweight_set\x18\x14 \x01(\t\x1a.\n\x0cTypeMixEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1b\n\x0erepeat_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1a\n\rrepeat_last_n\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x11\n\x0f_repeat_penaltyB\x10\n\x0e_repeat_last_nB\x07\n\x05_seedB\r\n\x0b_max_tokens\"\xb7\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12#\n\x03ids\x18\x03 \x01(\x0b\x32\x14.minferd.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.minferd.v1.SamplingParams\x12\x18\n\x0b\x61\x64\x64_special\x18\x05 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x0e\n\x0c_add_special\"l\n\rGenerateEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12$\n\x07timings\x18\x04 \x01(\x0b\x32\x13.minferd.v1.Timings\"\x8e\x01\n\x07Timings\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x12\n\nprefill_ms\x18\x03 \x01(\x01\x12\x11\n\tdecode_ms\x18\x04 \x01(\x01\x12\x15\n\rprefill_tok_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x64\x65\x63ode_tok_s\x18\x06 \x01(\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"u\n\x0b\x43hatRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.minferd.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.minferd.v1.SamplingParams\"X\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x0b\x61\x64\x64_special\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x0e\n\x0c_add_special\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"/\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"~\n\x16SetModelOptionsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06pinned\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1f\n\x12keep_alive_seconds\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\t\n\x07_pinnedB\x15\n\x13_keep_alive_seconds\"\x1d\n\rDemoteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1e\n\x0ePromoteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t*A\n\nMatmulPath\x12\x14\n\x10MATMUL_PATH_AUTO\x10\x00\x12\x07\n\x03W16\x10\x01\x12\x07\n\x03MMQ\x10\x02\x12\x0b\n\x07\x46USED_B\x10\x03\x32\x8c\x06\n\x07Minferd\x12\x45\n\tLoadModel\x12\x1c.minferd.v1.LoadModelRequest\x1a\x18.minferd.v1.LoadProgress0\x01\x12N\n\x0bUnloadModel\x12\x1e.minferd.v1.UnloadModelRequest\x1a\x1f.minferd.v1.UnloadModelResponse\x12K\n\nListModels\x12\x1d.minferd.v1.ListModelsRequest\x1a\x1e.minferd.v1.ListModelsResponse\x12=\n\tGetStatus\x12\x1c.minferd.v1.GetStatusRequest\x1a\x12.minferd.v1.Status\x12\x44\n\x08Generate\x12\x1b.minferd.v1.GenerateRequest\x1a\x19.minferd.v1.GenerateEvent0\x01\x12<\n\x04\x43hat\x12\x17.minferd.v1.ChatRequest\x1a\x19.minferd.v1.GenerateEvent0\x01\x12\x45\n\x08Tokenize\x12\x1b.minferd.v1.TokenizeRequest\x1a\x1c.minferd.v1.TokenizeResponse\x12K\n\nDetokenize\x12\x1d.minferd.v1.DetokenizeRequest\x1a\x1e.minferd.v1.DetokenizeResponse\x12L\n\x0fSetModelOptions\x12\".minferd.v1.SetModelOptionsRequest\x1a\x15.minferd.v1.ModelInfo\x12:\n\x06\x44\x65mote\x12\x19.minferd.v1.DemoteRequest\x1a\x15.minferd.v1.ModelInfo\x12<\n\x07Promote\x12\x1a.minferd.v1.PromoteRequest\x1a\x15.minferd.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_TYPEMIXENTRY']._loaded_options = None
   _globals['_MODELINFO_TYPEMIXENTRY']._serialized_options = b'8\001'
-  _globals['_MATMULPATH']._serialized_start=2719
-  _globals['_MATMULPATH']._serialized_end=2784
+  _globals['_MATMULPATH']._serialized_start=2764
+  _globals['_MATMULPATH']._serialized_end=2829
   _globals['_LOADMODELREQUEST']._serialized_start=41
   _globals['_LOADMODELREQUEST']._serialized_end=217
   _globals['_LOADPROGRESS']._serialized_start=219
@@ -52,41 +52,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUS']._serialized_start=525
   _globals['_STATUS']._serialized_end=624
   _globals['_POOLINFO']._serialized_start=627
-  _globals['_POOLINFO']._serialized_end=785
-  _globals['_BYKIND']._serialized_start=787
-  _globals['_BYKIND']._serialized_end=854
-  _globals['_MODELINFO']._serialized_start=857
-  _globals['_MODELINFO']._serialized_end=1360
-  _globals['_MODELINFO_TYPEMIXENTRY']._serialized_start=1314
-  _globals['_MODELINFO_TYPEMIXENTRY']._serialized_end=1360
-  _globals['_TOKENIDS']._serialized_start=1362
-  _globals['_TOKENIDS']._serialized_end=1385
-  _globals['_SAMPLINGPARAMS']._serialized_start=1388
-  _globals['_SAMPLINGPARAMS']._serialized_end=1712
-  _globals['_GENERATEREQUEST']._serialized_start=1715
-  _globals['_GENERATEREQUEST']._serialized_end=1898
-  _globals['_GENERATEEVENT']._serialized_start=1900
-  _globals['_GENERATEEVENT']._serialized_end=2008
-  _globals['_TIMINGS']._serialized_start=2011
-  _globals['_TIMINGS']._serialized_end=2153
-  _globals['_CHATMESSAGE']._serialized_start=2155
-  _globals['_CHATMESSAGE']._serialized_end=2199
-  _globals['_CHATREQUEST']._serialized_start=2201
-  _globals['_CHATREQUEST']._serialized_end=2318
-  _globals['_TOKENIZEREQUEST']._serialized_start=2320
-  _globals['_TOKENIZEREQUEST']._serialized_end=2408
-  _globals['_TOKENIZERESPONSE']._serialized_start=2410
-  _globals['_TOKENIZERESPONSE']._serialized_end=2441
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2443
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2490
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2492
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2526
-  _globals['_SETMODELOPTIONSREQUEST']._serialized_start=2528
-  _globals['_SETMODELOPTIONSREQUEST']._serialized_end=2654
-  _globals['_DEMOTEREQUEST']._serialized_start=2656
-  _globals['_DEMOTEREQUEST']._serialized_end=2685
-  _globals['_PROMOTEREQUEST']._serialized_start=2687
-  _globals['_PROMOTEREQUEST']._serialized_end=2717
-  _globals['_MINFERD']._serialized_start=2787
-  _globals['_MINFERD']._serialized_end=3567
+  _globals['_POOLINFO']._serialized_end=810
+  _globals['_BYKIND']._serialized_start=812
+  _globals['_BYKIND']._serialized_end=879
+  _globals['_MODELINFO']._serialized_start=882
+  _globals['_MODELINFO']._serialized_end=1405
+  _globals['_MODELINFO_TYPEMIXENTRY']._serialized_start=1359
+  _globals['_MODELINFO_TYPEMIXENTRY']._serialized_end=1405
+  _globals['_TOKENIDS']._serialized_start=1407
+  _globals['_TOKENIDS']._serialized_end=1430
+  _globals['_SAMPLINGPARAMS']._serialized_start=1433
+  _globals['_SAMPLINGPARAMS']._serialized_end=1757
+  _globals['_GENERATEREQUEST']._serialized_start=1760
+  _globals['_GENERATEREQUEST']._serialized_end=1943
+  _globals['_GENERATEEVENT']._serialized_start=1945
+  _globals['_GENERATEEVENT']._serialized_end=2053
+  _globals['_TIMINGS']._serialized_start=2056
+  _globals['_TIMINGS']._serialized_end=2198
+  _globals['_CHATMESSAGE']._serialized_start=2200
+  _globals['_CHATMESSAGE']._serialized_end=2244
+  _globals['_CHATREQUEST']._serialized_start=2246
+  _globals['_CHATREQUEST']._serialized_end=2363
+  _globals['_TOKENIZEREQUEST']._serialized_start=2365
+  _globals['_TOKENIZEREQUEST']._serialized_end=2453
+  _globals['_TOKENIZERESPONSE']._serialized_start=2455
+  _globals['_TOKENIZERESPONSE']._serialized_end=2486
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2488
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2535
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2537
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2571
+  _globals['_SETMODELOPTIONSREQUEST']._serialized_start=2573
+  _globals['_SETMODELOPTIONSREQUEST']._serialized_end=2699
+  _globals['_DEMOTEREQUEST']._serialized_start=2701
+  _globals['_DEMOTEREQUEST']._serialized_end=2730
+  _globals['_PROMOTEREQUEST']._serialized_start=2732
+  _globals['_PROMOTEREQUEST']._serialized_end=2762
+  _globals['_MINFERD']._serialized_start=2832
+  _globals['_MINFERD']._serialized_end=3612
 # @@protoc_insertion_point(module_scope)

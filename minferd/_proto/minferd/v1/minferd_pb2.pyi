@@ -85,7 +85,7 @@ class Status(_message.Message):
     def __init__(self, pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ("device", "capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes", "total_bytes", "w16_min_bytes")
+    __slots__ = ("device", "capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes", "total_bytes", "w16_min_bytes", "allocated_bytes")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class PoolInfo(_message.Message):
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     W16_MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     device: str
     capacity_bytes: int
     used_bytes: int
@@ -100,7 +101,8 @@ class PoolInfo(_message.Message):
     free_bytes: int
     total_bytes: int
     w16_min_bytes: int
-    def __init__(self, device: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., w16_min_bytes: _Optional[int] = ...) -> None: ...
+    allocated_bytes: int
+    def __init__(self, device: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., w16_min_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ...) -> None: ...
 
 class ByKind(_message.Message):
     __slots__ = ("weights", "w16", "kv", "scratch")
@@ -115,7 +117,7 @@ class ByKind(_message.Message):
     def __init__(self, weights: _Optional[int] = ..., w16: _Optional[int] = ..., kv: _Optional[int] = ..., scratch: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16")
+    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set")
     class TypeMixEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +144,7 @@ class ModelInfo(_message.Message):
     SHARED_WITH_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_W16_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SET_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -161,7 +164,8 @@ class ModelInfo(_message.Message):
     shared_with: _containers.RepeatedScalarFieldContainer[str]
     busy: bool
     waiting_for_w16: bool
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ...) -> None: ...
+    weight_set: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
