@@ -289,6 +289,10 @@ class Host:
             raise NotFound(f"no model named {name!r} is loaded (loaded: {known})")
         return lm
 
+    def has_model(self, name: str) -> bool:
+        """Loaded and serving (per-model health reads this: it never disagrees with the table)."""
+        return name in self.models
+
     def set_pinned(self, name: str, pinned: bool) -> None:
         self.get(name).pinned = pinned
 
