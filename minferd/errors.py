@@ -40,3 +40,7 @@ class Conflict(MinferdError):
 
 class PermissionDenied(MinferdError):
     """A path outside the configured model directories."""
+
+
+class Aborted(MinferdError):
+    """A request ended by the daemon, not the client: its model was unloaded while it waited or ran."""

@@ -1,36 +1,42 @@
-"""The models that are loaded: load / unload / generate, and the pool's decisions carried out.
+"""The loaded models: load / unload / generate / reap, admission's decisions carried out.
 
-State is owned here, under one lock for the model table. Each model has its own worker thread
-(minferd/worker.py): its requests queue there, different models run in parallel, and anything
-that touches a model's buffers (demote, promote) runs on that worker, between requests.
-Memory is the pool's: every buffer comes from the allocator tagged (owner, kind), where the
-owner of weights and f16 copies is the file's weight set (shared by every model loaded from
-the same file) and the owner of the KV cache and scratch is the model itself.
+The model table changes under `_lock`, held for microseconds and never across work: a load
+reserves (name and bytes) under it, opens and uploads without it, and commits under it again,
+rolled back on any failure; an unload takes the model out of the table under it, then cancels
+its requests and frees its memory without it. So status never waits on a load, an unload, a
+demotion or a promotion. Decisions that spend the pool's free bytes (admission, and the
+reservation it leads to; promotions' reservations) are taken one at a time under `_admit`.
+Lock order: _admit, then _lock, then the ledger's; nothing takes them the other way round.
+
+Each model has its own worker thread (minferd/worker.py): its requests queue there, different
+models run in parallel, and what touches a weight set's buffers (demote, promote: host_w16.py)
+runs on its models' workers between requests. Every buffer comes from the allocator tagged
+(owner, kind): a file's weight set owns its weights and f16 copy, a model its KV and scratch.
 """
 from __future__ import annotations
 
-import os
+import collections
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
 from minferd import report
+from minferd.config import DEFAULT_CTX, DEFAULT_KEEP_ALIVE, MAX_NAME_CHARS, W16_MIN_BYTES
 from minferd.devices import DeviceTraits, MatmulPath
-from minferd.errors import Conflict, InvalidRequest, NotFound
+from minferd.errors import Conflict, InvalidRequest, MinferdError, NotFound, excerpt
+from minferd.host_w16 import W16Mixin
 from minferd.loaded import LoadedModel, WeightSet
 from minferd.model.generate import GenerationResult, generate
 from minferd.model.loader import build_model, open_model_file, upload_weights
 from minferd.model.sampler import SamplingParams
-from minferd.pool import manager
+from minferd.pool import admission
+from minferd.pool.admission import TenantView
 from minferd.pool.allocator import Allocator
 from minferd.pool.estimator import estimate
 from minferd.pool.ledger import DeviceOutOfMemory, Ledger
-from minferd.pool.planner import W16_MIN_BYTES, Plan, plan
-from minferd.worker import Job, call_exclusive
-
-DEFAULT_CTX = 4096
-DEFAULT_KEEP_ALIVE = 300.0  # seconds; 0 unloads when idle, negative keeps forever
+from minferd.pool.planner import Plan, plan
+from minferd.worker import Job
 
 
 @dataclass(slots=True)
@@ -41,121 +47,231 @@ class LoadOptions:
     keep_alive: float = DEFAULT_KEEP_ALIVE
 
 
-class Host:
+def check_name(name: str) -> None:
+    # Control and invisible characters (not isprintable) made names that status tables, logs
+    # and metric labels show wrongly or not at all; they are refused like spaces.
+    if not name or len(name) > MAX_NAME_CHARS or any(c.isspace() or not c.isprintable() for c in name):
+        raise InvalidRequest(f"model name {excerpt(name)}: 1 to {MAX_NAME_CHARS} printable characters, no spaces")
+
+
+class Host(W16Mixin):
     def __init__(self, backend_factory, device_memory, traits: DeviceTraits, capacity: int,
                  w16_min_bytes: int = W16_MIN_BYTES, device: str = "cpu"):
-        """backend_factory() -> a fresh backend (one per model) over `device_memory`."""
+        """backend_factory(matmul_path=...) -> a fresh backend (one per model) over `device_memory`."""
         self.backend_factory, self.traits, self.device = backend_factory, traits, device
         self.w16_min_bytes = w16_min_bytes
         self.ledger = Ledger(capacity)
         self.allocator = Allocator(self.ledger, device_memory)
         self.models: dict[str, LoadedModel] = {}
         self.weight_sets: dict[tuple, WeightSet] = {}
-        self.lock = threading.RLock()
-        self.events: list[str] = []  # demotions, evictions, expiries, promotions: for status and tests
-        self.event_counts: dict[str, int] = {}  # by kind, for metrics
+        self._loading: set[str] = set()  # names reserved by loads in progress
+        self._lock = threading.Lock()
+        self._admit = threading.Lock()
+        self._events_lock = threading.Lock()
+        self.events: list[str] = []  # "demoted a", "expired b", ...: the latest 1000, for status and tests
+        self.event_counts: collections.Counter = collections.Counter()  # by kind, for metrics
         self.promote_in_background = False  # the daemon sets it: an unload then returns at once
 
-    # ---- load / unload ---------------------------------------------------------------------
-    def load(self, name: str, path: str, opts: LoadOptions | None = None, progress=None) -> LoadedModel:
+    # ---- load ----------------------------------------------------------------------------------
+    def load(self, name: str, source, opts: LoadOptions | None = None, progress=None) -> LoadedModel:
+        """Load `source` (a path, or an opened file from minferd.paths) as `name`: reserve, upload,
+        commit. Refused (typed, nothing changed) when the name is taken or the pool cannot hold it."""
         opts = opts or LoadOptions()
-        # Control and invisible characters (not isprintable) made names that status tables, logs
-        # and metric labels show wrongly or not at all; they are refused like spaces.
-        if not name or len(name) > 128 or any(c.isspace() or not c.isprintable() for c in name):
-            raise InvalidRequest(f"model name {name[:160]!r}: 1 to 128 printable characters, no spaces")
-        mf = open_model_file(path)
-        key = _file_key(mf.path)
-        ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
-        if not 1 <= ctx <= mf.spec.ctx_train:
-            raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")
-        with self.lock:
-            if name in self.models:
-                lm = self.models[name]
-                if lm.ws.key == key and lm.ctx == ctx:
-                    return lm  # loading what is already loaded is a no-op, as in Ollama
-                raise Conflict(f"model name {name!r} is in use by {lm.ws.file.path} (ctx {lm.ctx}); unload it first")
-            est = estimate(mf, self.traits, ctx)
-            ws = self.weight_sets.get(key)
-            if ws is not None:
-                p = Plan(ws.plan.matmul_path, f"shares weights with {ws.users[0].name}", ctx, ws.plan.kv_dtype,
-                         {"weights": 0, "w16": 0, "kv": est.kv, "scratch": est.scratch})
-            else:
-                p = plan(est, self.traits, self.ledger.free(), opts.matmul_path, self.w16_min_bytes)
-            what = f"loading {name} ({mf.path.name}, {p.matmul_path.value})"
-            # The models whose weights this load will share must not be evicted to make room for it.
-            others = [t for t in self._tenants() if ws is None or t.ws is not ws]
-            manager.make_room(self.ledger, p.total, others, what)
+        check_name(name)
+        mf = open_model_file(source)
+        try:
+            ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
+            if not 1 <= ctx <= mf.spec.ctx_train:
+                raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")
             try:
-                return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
+                return self._load(name, mf, ctx, opts, progress)
             except DeviceOutOfMemory:
-                # The device refused what the ledger allowed (another process took memory):
-                # treat it as pressure. Give back idle f16 copies and try once more, else refuse.
-                others = [t for t in self._tenants() if ws is None or t.ws is not ws]
-                if not any(t.demote() for t in manager.demotable(others)):
+                # The device refused what the ledger allowed (another process took memory): treat
+                # it as pressure. Give back idle f16 copies and try once more, else refuse.
+                if not self._demote_idle(keep=_identity(mf)):
                     raise
-                return self._load_reserved(name, mf, key, ws, p, est, opts, ctx, progress)
+                return self._load(name, mf, ctx, opts, progress)
+        finally:
+            getattr(mf, 'close', lambda: None)()  # TEMP until ModelFile.close lands: what the model needs is on the device now, or nothing is
 
-    def _load_reserved(self, name, mf, key, ws, p: Plan, est, opts, ctx, progress) -> LoadedModel:
-        new_ws = ws is None
-        tag = f"weights:{name}"
-        own = p.bytes["kv"] + p.bytes["scratch"]
-        if new_ws:
-            self.ledger.reserve(tag, p.bytes["weights"] + p.bytes["w16"], f"loading {name}")
+    def _load(self, name, mf, ctx, opts, progress) -> LoadedModel:
+        while True:
+            step = self._reserve(name, mf, ctx, opts)
+            if not isinstance(step, threading.Event):
+                break
+            step.wait()  # the same file is being uploaded for another name: share it once it is there
+        if isinstance(step, LoadedModel):
+            return step
+        ws, p, first = step
         try:
-            self.ledger.reserve(name, own, f"loading {name}")
+            lm = self._build(name, ws, p, ctx, opts, progress, first)
         except BaseException:
-            if new_ws:
-                self.ledger.unreserve(tag)
-            raise
-        backend = self.backend_factory()
-        made = []
-        try:
-            if new_ws:
-                from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
-                tok = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
-                weights = upload_weights(mf, backend, self.allocator.for_model(tag), p.matmul_path, progress)
-                made.extend(weights.values())
-                ws = WeightSet(key, tag, mf, weights, tok, p)
-            mem = self.allocator.for_model(name)
-            model = build_model(ws.file, backend, ws.weights)
-            cache = model.new_cache(mem, ctx)
-            made.append(cache)
-            backend.alloc_scratch(mem, p.bytes["scratch"])
-        except BaseException:
-            backend.free(*made)
-            backend.free_scratch(self.allocator.for_model(name))
             self.ledger.unreserve(name)
-            if new_ws:
-                self.ledger.unreserve(tag)
+            with self._lock:
+                self._loading.discard(name)
+            self._release(ws)
             raise
-        lm = LoadedModel(name, ws, model, cache, ctx, opts.pinned, opts.keep_alive, self)
-        ws.users.append(lm)
-        self.weight_sets[key] = ws
-        self.models[name] = lm
+        with self._lock:
+            ws.users.append(lm)
+            self.models[name] = lm
+            self._loading.discard(name)
+        ws.ready.set()  # loads of the same file waiting for it share it now (on failure: _release sets it)
         if progress:
             progress("ready", 1, 1)
         return lm
 
-    def unload(self, name: str) -> int:
-        """Free a model's KV and scratch, and its weights when no other model shares them.
-        Waits for a request in flight to finish. Returns the bytes freed."""
-        with self.lock:
-            lm = self.get(name)
-            before = self.ledger.held()
-            del self.models[name]
-            lm.worker.stop()  # the running request finishes, queued ones are refused
-            be = lm.model.be
-            be.free(lm.cache)
-            be.free_scratch(self.allocator.for_model(name))
-            self.ledger.unreserve(name)
-            ws = lm.ws
-            ws.users.remove(lm)
-            if not ws.users:
-                be.free(*ws.weights.values())
-                self.ledger.unreserve(ws.tag)
+    def _reserve(self, name, mf, ctx, opts):
+        """Under _admit: admission, its decisions carried out, the bytes reserved. Returns the
+        loaded model (a repeated load), an Event to wait for (the file is being uploaded for
+        another name), or (weight set, plan, whether this load uploads it)."""
+        key = _identity(mf)
+        with self._admit:
+            with self._lock:
+                lm = self.models.get(name)
+                if lm is not None:
+                    if lm.ws.key == key and lm.ctx == ctx:
+                        return lm  # loading what is already loaded is a no-op, as in Ollama
+                    raise Conflict(f"model name {name!r} is in use by {lm.ws.file.path} (ctx {lm.ctx}); unload it first")
+                if name in self._loading:
+                    raise Conflict(f"model name {name!r} is being loaded by another request")
+                ws = self.weight_sets.get(key)
+                if ws is not None and not ws.ready.is_set():
+                    return ws.ready
+                est = estimate(mf, self.traits, ctx)
+                if ws is not None:
+                    user = ws.users[0].name if ws.users else "a load in progress"
+                    if opts.matmul_path is not None and opts.matmul_path != ws.plan.matmul_path:
+                        raise Conflict(f"{mf.path.name} is loaded as {user} with plan {ws.plan.matmul_path.value}; a "
+                                       f"second load shares its weights and plan, so it cannot run "
+                                       f"{opts.matmul_path.value} (unload {user} first, or leave matmul_path unset)")
+                    p = Plan(ws.plan.matmul_path, f"shares weights with {user}", ctx, ws.plan.kv_dtype,
+                             {"weights": 0, "w16": 0, "kv": est.kv, "scratch": est.scratch})
+                else:
+                    p = plan(est, self.traits, self.ledger.free(), opts.matmul_path, self.w16_min_bytes)
+                what = f"loading {name} ({mf.path.name}, {p.matmul_path.value})"
+                decision = admission.admit(p.total, self.ledger.free(), self._views(exclude=ws), time.monotonic(), what)
+                self._loading.add(name)
+                first = ws is None
+                if first:
+                    ws = WeightSet(key, mf, p, ready=threading.Event())
+                    self.weight_sets[key] = ws  # another load of this file waits for it (ready)
+                ws.refs += 1
+            try:
+                self._carry_out(decision)
+                if first:
+                    self.ledger.reserve(ws.tag, p.bytes["weights"] + p.bytes["w16"], what)
+                try:
+                    self.ledger.reserve(name, p.bytes["kv"] + p.bytes["scratch"], what)
+                except BaseException:
+                    if first:
+                        self.ledger.unreserve(ws.tag)
+                    raise
+            except BaseException:
+                with self._lock:
+                    self._loading.discard(name)
+                self._release(ws)
+                raise
+        return ws, p, first
+
+    def _build(self, name, ws: WeightSet, p: Plan, ctx, opts, progress, first: bool) -> LoadedModel:
+        """Without any lock: upload (the first load of a file), then the model's own KV and scratch.
+        On failure frees what it made; the caller gives back the reservations."""
+        backend = self.backend_factory(matmul_path=ws.plan.matmul_path)
+        mem, made = self.allocator.for_model(name), []
+        try:
+            if first:
+                from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
+                ws.tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(ws.file.gguf))
+                ws.backend = backend  # frees the weights once the set's last user goes
+                ws.weights = upload_weights(ws.file, backend, self.allocator.for_model(ws.tag), p.matmul_path,
+                                            progress)
+            model = build_model(ws.file, backend, ws.weights)
+            made.append(model.new_cache(mem, ctx))
+            backend.alloc_scratch(mem, p.bytes["scratch"])
+        except BaseException:
+            backend.free(*made)
+            backend.free_scratch(mem)
+            backend.close()
+            raise
+        return LoadedModel(name, ws, model, made[0], ctx, opts.pinned, opts.keep_alive)
+
+    def _release(self, ws: WeightSet) -> int:
+        """One user or pending load fewer; the last one frees the set's weights. Returns bytes freed."""
+        with self._lock:
+            ws.refs -= 1
+            gone = ws.refs == 0
+            if gone and self.weight_sets.get(ws.key) is ws:
                 del self.weight_sets[ws.key]
-            freed = before - self.ledger.held()
-            self.allocator.trim()
+        if not gone:
+            return 0
+        held = self.ledger.held(ws.tag)
+        if ws.weights:
+            ws.backend.free(*ws.weights.values())
+        self.ledger.unreserve(ws.tag)
+        ws.ready.set()
+        return held - self.ledger.held(ws.tag)
+
+    # ---- admission's view, and its decisions carried out -----------------------------------------
+    def _views(self, exclude: WeightSet | None = None) -> list[TenantView]:
+        """Under _lock: every model but those of `exclude` (a load's shared set must stay)."""
+        snap = self.ledger.snapshot()
+        views = []
+        for lm in self.models.values():
+            ws = lm.ws
+            if ws is exclude:
+                continue
+            pending = ws.refs > len(ws.users)  # a load in progress will read these weights
+            views.append(TenantView(
+                lm.name, ws.id, lm.pinned, lm.idle(), lm.last_used, lm.expires_at(), snap.committed_of(lm.name),
+                0 if pending else snap.committed_of(ws.tag), 0 if ws.changing else snap.by_kind(ws.tag)["w16"]))
+        return views
+
+    def _carry_out(self, decision: admission.Decision) -> None:
+        # Each step re-checks its model: one that turned busy or went since the snapshot is
+        # skipped, and the reservation that follows refuses if the room is not there after all.
+        for name in decision.demote:
+            try:
+                self.demote(name)
+            except MinferdError:
+                pass
+        for name in decision.unload:
+            try:
+                self.unload(name, reason="evicted", when=lambda lm: not lm.pinned and lm.idle())
+            except MinferdError:
+                pass
+
+    # ---- unload ----------------------------------------------------------------------------------
+    def unload(self, name: str, reason: str | None = None, when=None) -> int:
+        """Take the model out of the table, cancel its requests (their callers get Aborted), free
+        its KV and scratch, and its weights when no other model shares them. Returns the bytes
+        freed. With `when` (eviction, expiry, keep-alive 0) only an idle model for which when(model)
+        still holds is unloaded, else nothing happens and it returns 0."""
+        with self._lock:
+            lm = self.models.get(name)
+            if lm is None:
+                if name in self._loading:
+                    raise Conflict(f"model {name!r} is still loading; unload it once it is loaded")
+                raise self._not_found(name)
+            if when is not None:
+                if not when(lm) or not lm.worker.close_if_idle():
+                    return 0
+            else:
+                lm.worker.close()
+            del self.models[name]
+        if reason:
+            self.event(reason, name)
+        lm.worker.join()  # a running request stops at its next token
+        be = lm.model.be
+        freed = self.ledger.held(name)
+        be.free(lm.cache)
+        be.free_scratch(self.allocator.for_model(name))
+        self.ledger.unreserve(name)
+        freed -= self.ledger.held(name)
+        with self._lock:
+            lm.ws.users.remove(lm)
+        freed += self._release(lm.ws)
+        be.close()
+        self.allocator.trim()
         if self.promote_in_background:
             threading.Thread(target=self.promote_waiting, name="minferd-promote", daemon=True).start()
         else:
@@ -164,68 +280,25 @@ class Host:
 
     def unload_all(self) -> None:
         for name in list(self.models):
-            self.unload(name)
-
-    # ---- demote / promote ------------------------------------------------------------------
-    def demote(self, name: str) -> int:
-        """Give back a model's f16 copy; it keeps serving through its quantized path."""
-        with self.lock:
-            lm = self.get(name)
-            ws = lm.ws
-            if not ws.w16_bytes():
-                return 0
-            workers = [u.worker for u in ws.users]
-        # On the model's workers, after requests in flight (which may be reading the f16 copy);
-        # outside the host's lock, so status and other models' loads do not wait for them.
-        freed = call_exclusive(workers, lambda job: sum(lm.model.be.drop_w16(w) for w in ws.matmul_weights()))
-        with self.lock:
-            self.ledger.unreserve(ws.tag, freed)
-            ws.demoted = ws.demoted or freed > 0
-            if freed:
-                self.event("demoted", name)
-                self.allocator.trim()
-        return freed
-
-    def promote(self, name: str) -> int:
-        """Build a model's f16 copy again if the pool can hold it; returns the bytes added (0 if not)."""
-        with self.lock:
-            lm = self.get(name)
-            ws = lm.ws
-            if ws.w16_bytes() or not lm.idle():
-                return 0
-            need = ws.plan.w16_bytes
-            if need > self.ledger.free():
-                return 0
-            self.ledger.reserve(ws.tag, need, f"promoting {name}")
-            be = lm.model.be
-
-            def build(job):
-                try:
-                    for w in ws.matmul_weights():
-                        be.make_w16(w)
-                except BaseException:
-                    for w in ws.matmul_weights():
-                        be.drop_w16(w)
-                    raise
-
             try:
-                call_exclusive([u.worker for u in ws.users], build)
-            except BaseException:
-                self.ledger.unreserve(ws.tag, need)
-                raise
-            ws.demoted = False
-            self.event("promoted", name)
-            return need
+                self.unload(name)
+            except MinferdError:
+                pass  # unloaded meanwhile
 
-    def promote_waiting(self) -> list[str]:
-        """Demoted models get their f16 copy back, most recently used first, while it fits."""
-        done = []
-        with self.lock:
-            waiting = [ws.users[0] for ws in self.weight_sets.values() if ws.waiting_for_w16() and ws.users]
-            for lm in sorted(waiting, key=lambda m: -max(u.last_used for u in m.ws.users)):
-                if self.promote(lm.name):
-                    done.append(lm.name)
-        return done
+    def reap(self, now: float | None = None) -> list[str]:
+        """Unload idle, unpinned models whose keep-alive has passed (the daemon calls it every second)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            expired = [t.name for t in admission.evictable(self._views(), now)]
+        gone = []
+        for name in expired:
+            try:
+                still = lambda lm: not lm.pinned and lm.idle() and lm.expires_at() <= now  # noqa: E731
+                if self.unload(name, reason="expired", when=still):
+                    gone.append(name)
+            except (NotFound, Conflict):
+                pass  # a client unloaded it first
+        return gone
 
     # ---- requests ----------------------------------------------------------------------------
     def generate(self, name: str, prompt_ids, params: SamplingParams, on_piece=None) -> GenerationResult:
@@ -276,18 +349,22 @@ class Host:
         finally:
             job.cancel()
             lm.last_used = time.monotonic()
-            if lm.keep_alive == 0 and not lm.busy and self.models.get(name) is lm:
+            if lm.keep_alive == 0:
                 try:
-                    self.unload(name)
-                except NotFound:
+                    self.unload(name, when=lambda m: m is lm and m.keep_alive == 0)
+                except MinferdError:
                     pass  # someone else unloaded it first
 
     def get(self, name: str) -> LoadedModel:
         lm = self.models.get(name)
         if lm is None:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise NotFound(f"no model named {name!r} is loaded (loaded: {known})")
+            raise self._not_found(name)
         return lm
+
+    def _not_found(self, name: str) -> NotFound:
+        known = sorted(self.models)
+        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        return NotFound(f"no model named {excerpt(name)} is loaded (loaded: {listed or 'none'})")
 
     def has_model(self, name: str) -> bool:
         """Loaded and serving (per-model health reads this: it never disagrees with the table)."""
@@ -299,37 +376,37 @@ class Host:
     def set_keep_alive(self, name: str, seconds: float) -> None:
         self.get(name).keep_alive = seconds
 
-    def reap(self, now: float | None = None) -> list[str]:
-        """Unload idle, unpinned models whose keep-alive has passed (call periodically)."""
-        now = time.monotonic() if now is None else now
-        gone = [t.name for t in manager.evictable(self._tenants(), now)]
-        for name in gone:
-            self.event("expired", name)
-            self.unload(name)
-        return gone
-
     def event(self, kind: str, name: str) -> None:
-        self.events.append(f"{kind} {name}")
-        del self.events[:-1000]
-        self.event_counts[kind] = self.event_counts.get(kind, 0) + 1
-
-    def _tenants(self):
-        return list(self.models.values())
+        with self._events_lock:
+            self.events.append(f"{kind} {name}")
+            del self.events[:-1000]
+            self.event_counts[kind] += 1
 
     # ---- accounting ------------------------------------------------------------------------
     def status(self) -> dict:
-        with self.lock:
-            return {"pool": report.pool_info(self.ledger, self.device, self.w16_min_bytes),
-                    "models": [self.model_info(lm) for lm in self.models.values()],
-                    "events": list(self.events[-50:])}
+        """One consistent snapshot of the table and the ledger, built in a few microseconds per
+        model under the table lock (never behind a load, an unload or a promotion)."""
+        with self._lock:
+            snap = self.ledger.snapshot()
+            allocated = self.allocator.held_bytes()
+            models = [report.model_info(lm, self.traits, snap) for lm in self.models.values()]
+        with self._events_lock:
+            events = self.events[-50:]
+        return {"pool": report.pool_info(snap, self.device, self.w16_min_bytes, allocated),
+                "models": models, "events": events}
 
     def model_info(self, lm: LoadedModel) -> dict:
-        return report.model_info(lm, self.traits, self.ledger)
+        with self._lock:
+            return report.model_info(lm, self.traits, self.ledger.snapshot())
 
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
-        return report.model_bytes(lm, self.ledger)
+        return report.model_bytes(lm, self.ledger.snapshot())
 
 
-def _file_key(path) -> tuple:
-    st = os.stat(path)
-    return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+def _identity(mf) -> tuple:  # TEMP until ModelFile.identity lands
+    ident = getattr(mf, "identity", None)
+    if ident is None:
+        import os
+        st = os.stat(mf.path)
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return ident

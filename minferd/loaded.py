@@ -1,7 +1,9 @@
-"""What the host holds per loaded file and per loaded model (the pool sees LoadedModel as a tenant)."""
+"""What the host holds per loaded file (WeightSet) and per loaded model (LoadedModel)."""
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from minferd.devices import MatmulPath
@@ -11,18 +13,40 @@ from minferd.pool.planner import Plan
 from minferd.worker import ModelWorker
 
 
+def weight_set_id(identity: tuple) -> str:
+    """A short stable name for an opened file's identity (device, inode, size, mtime)."""
+    return hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
+
+
 @dataclass(eq=False)
 class WeightSet:
-    """One file's tensors on the device, shared (refcounted) by every model loaded from it."""
+    """One file's tensors on the device, shared by every model loaded from it. Keyed by the opened
+    file's identity, not its name: a file replaced under the same name is another weight set."""
 
-    key: tuple
-    tag: str
+    key: tuple  # the file's identity
     file: ModelFile
-    weights: dict
-    tokenizer: object
-    plan: Plan
-    users: list = field(default_factory=list)
+    plan: Plan  # fixed at its first load; every model of the set runs it
+    weights: dict = field(default_factory=dict)
+    tokenizer: object = None
+    users: list = field(default_factory=list)  # loaded models reading it
+    refs: int = 0  # users + loads in progress that will read it; freed at 0
     demoted: bool = False  # planned W16 but its f16 copy was given back under pressure
+    changing: bool = False  # an f16 copy is being built or dropped
+    ready: object = None  # threading.Event set once its first load committed (or failed)
+    backend: object = None  # the backend that uploaded it (frees it)
+    type_mix: dict = field(init=False)  # tensor type name -> count, for status
+
+    def __post_init__(self):
+        self.type_mix = dict(Counter(t.qtype.name for t, _ in self.file.tensors.values()))
+
+    @property
+    def id(self) -> str:
+        return weight_set_id(self.key)
+
+    @property
+    def tag(self) -> str:
+        # The ledger's owner of its weights and f16 copy; the space keeps it apart from model names.
+        return f"weights {self.id}"
 
     def w16_bytes(self) -> int:
         return sum(w.w16.nbytes for w in self.weights.values() if w.w16 is not None)
@@ -30,19 +54,22 @@ class WeightSet:
     def matmul_weights(self):
         return [self.weights[n] for n, (_, role) in self.file.tensors.items() if role == MATMUL]
 
+    def wants_w16(self) -> bool:
+        return self.plan.matmul_path == MatmulPath.W16 or self.plan.wants_w16
+
     def waiting_for_w16(self) -> bool:
         """Planned W16 and demoted, or quantized only because the copy did not fit: either
         gets the copy when memory frees (Host.promote_waiting)."""
         return (self.demoted or self.plan.wants_w16) and not self.w16_bytes()
 
-    def current_path(self, traits) -> MatmulPath:
+    def current_path(self, traits, w16_held: int | None = None) -> MatmulPath:
         """The path requests take now: the f16 copy where one is held (planned, or promoted
-        later); a demoted W16 set runs its quantized path."""
-        if self.w16_bytes():
+        later); a demoted W16 set runs its quantized path. w16_held: the ledger's figure, where
+        the caller has a snapshot."""
+        if self.w16_bytes() if w16_held is None else w16_held:
             return MatmulPath.W16
         if self.plan.matmul_path == MatmulPath.W16:
-            est_types = frozenset(w.qtype.name for w in self.matmul_weights())
-            missing = est_types - traits.path_types[MatmulPath.MMQ]
+            missing = self.file.matmul_types() - traits.path_types[MatmulPath.MMQ]
             return MatmulPath.FUSED_B if missing else MatmulPath.MMQ
         return self.plan.matmul_path
 
@@ -56,7 +83,6 @@ class LoadedModel:
     ctx: int
     pinned: bool
     keep_alive: float
-    host: object  # the Host, which carries out demote and unload
     worker: ModelWorker = None
     last_used: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
@@ -71,27 +97,8 @@ class LoadedModel:
     def busy(self) -> bool:
         return self.worker.pending > 0
 
-    # ---- the pool's view (manager.Tenant) -----------------------------------------------------
     def idle(self) -> bool:
         return not any(u.busy for u in self.ws.users)
 
-    def expired(self, now: float) -> bool:
-        return self.keep_alive >= 0 and now - self.last_used >= self.keep_alive
-
-    def w16_bytes(self) -> int:
-        # A shared weight set is demoted once, through its first user.
-        return self.ws.w16_bytes() if self.ws.users and self.ws.users[0] is self else 0
-
-    def footprint(self) -> int:
-        ledger = self.host.ledger
-        own = ledger.held(self.name)
-        return own + (ledger.held(self.ws.tag) if self.ws.users == [self] else 0)
-
-    def demote(self) -> int:
-        return self.host.demote(self.name)
-
-    def unload(self) -> int:
-        self.host.event("evicted", self.name)
-        return self.host.unload(self.name)
-
-
+    def expires_at(self) -> float:
+        return float("inf") if self.keep_alive < 0 else self.last_used + self.keep_alive

@@ -11,7 +11,8 @@ from minferd.errors import InvalidRequest
 from minferd.model.loader import open_model_file, resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.pool.estimator import estimate
-from minferd.pool.planner import W16_MIN_BYTES, plan
+from minferd.config import W16_MIN_BYTES
+from minferd.pool.planner import plan
 from minferd.units import fmt_bytes
 
 

@@ -1,43 +1,43 @@
-"""What status shows (GetStatus, ListModels, minferctl status, metrics): the pool's totals from
-the ledger and each loaded model's plan, footprint by kind and use, read, never changed."""
+"""What status shows (GetStatus, ListModels, minferctl status, metrics): the pool's totals and each
+loaded model's plan, footprint by kind and use, read from one ledger snapshot, never changed."""
 from __future__ import annotations
 
 import time
 
 from minferd.devices import MatmulPath
 from minferd.loaded import LoadedModel
-from minferd.pool.ledger import Ledger
+from minferd.pool.ledger import LedgerView
 
 
-def pool_info(ledger: Ledger, device: str, w16_min_bytes: int) -> dict:
-    return {"device": device, "capacity_bytes": ledger.capacity, "used_bytes": ledger.held(),
-            "reserved_bytes": ledger.committed() - ledger.held(), "free_bytes": ledger.free(),
-            "w16_min_bytes": w16_min_bytes}
+def pool_info(snap: LedgerView, device: str, w16_min_bytes: int, allocated: int) -> dict:
+    return {"device": device, "capacity_bytes": snap.capacity, "used_bytes": snap.held(),
+            "reserved_bytes": snap.committed() - snap.held(), "free_bytes": snap.free(),
+            "w16_min_bytes": w16_min_bytes, "allocated_bytes": allocated}
 
 
-def model_bytes(lm: LoadedModel, ledger: Ledger) -> dict[str, int]:
+def model_bytes(lm: LoadedModel, snap: LedgerView) -> dict[str, int]:
     """Weights and the f16 copy belong to the file's weight set (shared), kv and scratch to the model."""
-    own, shared = ledger.by_kind(lm.name), ledger.by_kind(lm.ws.tag)
+    own, shared = snap.by_kind(lm.name), snap.by_kind(lm.ws.tag)
     return {"weights": shared["weights"], "w16": shared["w16"], "kv": own["kv"], "scratch": own["scratch"]}
 
 
-def model_info(lm: LoadedModel, traits, ledger: Ledger) -> dict:
+def model_info(lm: LoadedModel, traits, snap: LedgerView) -> dict:
     ws, now = lm.ws, time.monotonic()
-    path = ws.current_path(traits)
+    nbytes = model_bytes(lm, snap)
+    path = ws.current_path(traits, nbytes["w16"])
     if path == ws.plan.matmul_path:
         reason = ws.plan.reason
     elif path == MatmulPath.W16:
         reason = f"promoted to w16 once the f16 copy fit (planned {ws.plan.matmul_path.value}: {ws.plan.reason})"
     else:
         reason = f"demoted to {path.value} under memory pressure (planned w16: {ws.plan.reason})"
-    mix: dict[str, int] = {}
-    for t, _ in ws.file.tensors.values():
-        mix[t.qtype.name] = mix.get(t.qtype.name, 0) + 1
     left = -1.0 if lm.keep_alive < 0 else max(lm.keep_alive - (now - lm.last_used), 0.0)
-    return {"name": lm.name, "path": str(ws.file.path), "architecture": ws.file.spec.arch, "type_mix": mix,
-            "matmul_path": path.value, "planned_matmul_path": ws.plan.matmul_path.value, "reason": reason,
-            "bytes": model_bytes(lm, ledger), "ctx": lm.ctx, "pinned": lm.pinned, "keep_alive_seconds": lm.keep_alive,
+    return {"name": lm.name, "path": str(ws.file.path), "architecture": ws.file.spec.arch,
+            "type_mix": ws.type_mix, "matmul_path": path.value,
+            "planned_matmul_path": ws.plan.matmul_path.value, "reason": reason,
+            "bytes": nbytes, "ctx": lm.ctx, "pinned": lm.pinned, "keep_alive_seconds": lm.keep_alive,
             "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
             "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
             "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
-            "waiting_for_w16": ws.waiting_for_w16()}
+            "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id}
+

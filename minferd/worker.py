@@ -1,14 +1,16 @@
 """One worker thread per model: requests to one model run in order, different models in parallel.
 
 A job that is cancelled while queued never runs; one that is running sees `cancelled` through the
-should_stop hook it was given, so a client that goes away frees its slot at once.
+should_stop hook it was given, so a client that goes away frees its slot at once. Closing the
+worker (an unload) refuses new jobs and cancels the queued and running ones: their callers get
+Aborted, and the unload waits only for the running job to notice.
 """
 from __future__ import annotations
 
 import queue
 import threading
 
-from minferd.errors import NotFound
+from minferd.errors import Aborted, NotFound
 
 
 class Job:
@@ -42,6 +44,7 @@ class ModelWorker:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._jobs: set[Job] = set()  # queued and running
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
         self._thread.start()
 
@@ -52,6 +55,7 @@ class ModelWorker:
             if self._closed:
                 raise NotFound(f"model {self.name!r} is being unloaded")
             self.pending += 1
+            self._jobs.add(job)
         self._q.put(job)
         return job
 
@@ -59,13 +63,34 @@ class ModelWorker:
         """Run fn(job) on the worker and wait for it."""
         return self.submit(fn).wait()
 
-    def stop(self) -> None:
-        """Let the running job finish, cancel the queued ones, end the thread."""
+    def close_if_idle(self) -> bool:
+        """Close if nothing is queued or running, in one step (a request submitted a moment later
+        is refused, never half-run on a model being unloaded)."""
         with self._lock:
+            if self.pending or self._closed:
+                return False
             self._closed = True
         self._q.put(None)
+        return True
+
+    def close(self) -> None:
+        """Refuse new jobs and cancel every queued and running one; returns at once (join waits)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()
+        self._q.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
         if threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+
+    def stop(self) -> None:
+        self.close()
+        self.join()
 
     def _run(self) -> None:
         while True:
@@ -74,16 +99,19 @@ class ModelWorker:
                 return
             try:
                 if self._closed:
-                    job.error = NotFound(f"model {self.name!r} was unloaded")
+                    job.error = Aborted(f"model {self.name!r} was unloaded before this request ran")
                 elif job.cancelled.is_set():
                     job.error = None  # nobody is waiting for it any more
                 else:
                     job.result = job.fn(job)
+                    if self._closed:  # stopped early by the unload: say so, not "cancelled"
+                        job.error = Aborted(f"model {self.name!r} was unloaded while this request ran")
             except BaseException as e:  # handed to the waiting caller
                 job.error = e
             finally:
                 with self._lock:
                     self.pending -= 1
+                    self._jobs.discard(job)
                 job._finish()
 
 

@@ -83,7 +83,7 @@ class Backend(ABC):
     name: str
     memory: object  # the device's raw memory: empty(shape, dtype), used_bytes()
     kv_dtype: str  # "f32" | "f16"
-    matmul_path: str = "mmq"  # the plan's prefill path, "w16" | "mmq" | "fused_b" (upload_weights sets it)
+    matmul_path: str = "mmq"  # the plan's prefill path, "w16" | "mmq" | "fused_b", fixed when it is made
     max_batch: int = 512  # tokens per forward pass (the device traits' max_batch)
 
     def untracked(self) -> Untracked:
@@ -128,6 +128,9 @@ class Backend(ABC):
 
     @abstractmethod
     def free_scratch(self, mem) -> None: ...
+
+    def close(self) -> None:
+        """Let go of what the backend holds beside device memory (the CPU backend's threads)."""
 
     def free(self, *objs) -> None:
         """Release Weights and KVCaches to the memory they came from, now."""

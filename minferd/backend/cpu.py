@@ -59,10 +59,14 @@ class CpuBackend(Backend):
     name = "cpu"
     kv_dtype = "f32"
 
-    def __init__(self, threads: int | None = None, memory: HostMemory | None = None):
+    def __init__(self, threads: int | None = None, memory: HostMemory | None = None, matmul_path: str = "mmq"):
         self.threads = threads or os.cpu_count() or 1
         self.memory = memory or HostMemory()
+        self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="minferd-cpu")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)  # an unloaded model's threads went on living (60-110 after 150 unloads)
 
     # ---- memory --------------------------------------------------------------------------
     def upload(self, mem, name, qtype: QuantType, shape, raw: np.ndarray) -> Weight:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 
 import cupy as cp
 import numpy as np
 
 from minferd.backend import cuda_attention, gates
+from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.backend.cuda_graph import DecodeGraph
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
@@ -61,10 +61,11 @@ class CudaBackend(Backend):
     kv_dtype = "f16"
     max_batch = CUDA_MAX_BATCH
 
-    def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1):
+    def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1, matmul_path: str = "mmq"):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
+        self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
         # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
-        self.prefill_kernel = os.environ.get("MINFERD_PREFILL_KERNEL") or None
+        self.prefill_kernel = valve("MINFERD_PREFILL_KERNEL")
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
         self.arena: Arena | None = None

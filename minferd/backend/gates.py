@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+from minferd.config import valve
 from minferd.errors import InvalidRequest
 
 TABLE = Path(__file__).with_name("prefill_gates_h200.json")
@@ -49,7 +50,7 @@ def _rows(path: Path = TABLE) -> dict:
 
 
 def table_path(env=os.environ) -> Path:
-    return Path(env.get("MINFERD_GATE_TABLE") or TABLE)
+    return Path(valve("MINFERD_GATE_TABLE", env) or TABLE)
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,6 +4,7 @@ anyway, because another process took memory) becomes PoolExhausted with the ledg
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 from minferd.pool.ledger import DeviceOutOfMemory, Ledger
@@ -29,6 +30,8 @@ class Allocator:
         self._live: dict[int, tuple[str, str, int, weakref.finalize]] = {}
         self.fail_at: int | None = None  # tests: make the n-th allocation from now fail
         self.allocations = 0
+        self._lock = threading.Lock()
+        self._held = 0  # what _live adds up to, kept as one number so status reads it at once
 
     def for_model(self, model: str) -> ModelMemory:
         return ModelMemory(self, model)
@@ -51,7 +54,9 @@ class Allocator:
             raise DeviceOutOfMemory(f"allocating {kind} for {model} ({e})", nbytes, self.ledger.free()) from None
         # A buffer dropped without release() (a bug) still returns its bytes to the ledger.
         fin = weakref.finalize(array, self._forget, id(array))
-        self._live[id(array)] = (model, kind, nbytes, fin)
+        with self._lock:
+            self._live[id(array)] = (model, kind, nbytes, fin)
+            self._held += nbytes
         return array
 
     def release(self, array) -> None:
@@ -61,7 +66,10 @@ class Allocator:
             self._forget(id(array))
 
     def _forget(self, key: int) -> None:
-        entry = self._live.pop(key, None)
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self._held -= entry[2]
         if entry is not None:
             model, kind, nbytes, _ = entry
             self.ledger.credit(model, kind, nbytes)
@@ -75,4 +83,4 @@ class Allocator:
 
     def held_bytes(self) -> int:
         """What the allocator has handed out and not taken back (the ledger must equal it)."""
-        return sum(e[2] for e in self._live.values())
+        return self._held

@@ -47,6 +47,7 @@ class Budget:
     total: int  # the device's memory
     capacity: int  # what the pool may hold
     headroom: int
+    asked: int | None = None  # the bytes asked for where more than the device leaves (then clamped)
 
     def describe(self) -> str:
         return f"{self.device}: capacity {self.capacity / 2**30:.2f} GiB of {self.total / 2**30:.2f} GiB"
@@ -65,7 +66,7 @@ def resolve_budget(device: str, spec: BudgetSpec | None, total: int, others: int
     if capacity <= 0:
         raise InvalidRequest(f"budget {spec.describe()} leaves nothing on {device} "
                              f"({total} bytes, {others} used by others, {headroom} headroom)")
-    return Budget(device, total, capacity, headroom)
+    return Budget(device, total, capacity, headroom, asked if asked > capacity else None)
 
 
 def measure_device(device: str) -> tuple[int, int]:

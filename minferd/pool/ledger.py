@@ -30,49 +30,72 @@ class DeviceOutOfMemory(PoolExhausted):
     """The device refused although the ledger allowed: another process took memory."""
 
 
-class Ledger:
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.lock = threading.RLock()
-        self._held: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
-        self._reserved: dict[str, int] = {}
+class LedgerView:
+    """The ledger's figures at one moment (a snapshot, or the live ledger under its lock)."""
 
-    # ---- reading ---------------------------------------------------------------------------
+    def __init__(self, capacity: int, held: dict, reserved: dict):
+        self.capacity = capacity
+        self._held, self._reserved = held, reserved
+
     def held(self, model: str | None = None, kind: str | None = None) -> int:
-        with self.lock:
-            models = [model] if model is not None else list(self._held)
-            return sum(v for m in models if m in self._held
-                       for k, v in self._held[m].items() if kind is None or k == kind)
+        models = [model] if model is not None else list(self._held)
+        return sum(v for m in models if m in self._held
+                   for k, v in self._held[m].items() if kind is None or k == kind)
 
     def by_kind(self, model: str) -> dict[str, int]:
-        with self.lock:
-            return dict(self._held[model]) if model in self._held else dict.fromkeys(KINDS, 0)
+        return dict(self._held[model]) if model in self._held else dict.fromkeys(KINDS, 0)
 
     def reserved(self, model: str | None = None) -> int:
-        with self.lock:
-            if model is not None:
-                return self._reserved.get(model, 0)
-            return sum(self._reserved.values())
+        if model is not None:
+            return self._reserved.get(model, 0)
+        return sum(self._reserved.values())
+
+    def committed_of(self, model: str) -> int:
+        """What the model counts against capacity: its reservation, or what it holds if more."""
+        return max(self._reserved.get(model, 0), self.held(model))
 
     def committed(self) -> int:
-        with self.lock:
-            names = set(self._held) | set(self._reserved)
-            return sum(max(self._reserved.get(m, 0), self.held(m)) for m in names)
+        return sum(self.committed_of(m) for m in set(self._held) | set(self._reserved))
 
     def free(self) -> int:
         return self.capacity - self.committed()
 
     def models(self) -> list[str]:
+        return sorted(m for m in set(self._held) | set(self._reserved) if self.committed_of(m))
+
+
+def _locked(method):
+    def read(self, *args, **kw):
         with self.lock:
-            return sorted(m for m in set(self._held) | set(self._reserved)
-                          if self._reserved.get(m) or self.held(m))
+            return method(self, *args, **kw)
+    read.__name__, read.__doc__ = method.__name__, method.__doc__
+    return read
+
+
+class Ledger(LedgerView):
+    def __init__(self, capacity: int):
+        super().__init__(capacity, defaultdict(lambda: dict.fromkeys(KINDS, 0)), {})
+        self.lock = threading.RLock()
+
+    # ---- reading: the view's figures, each under the lock; snapshot() for several at once ---------
+    held = _locked(LedgerView.held)
+    by_kind = _locked(LedgerView.by_kind)
+    reserved = _locked(LedgerView.reserved)
+    committed_of = _locked(LedgerView.committed_of)
+    committed = _locked(LedgerView.committed)
+    free = _locked(LedgerView.free)
+    models = _locked(LedgerView.models)
+
+    def snapshot(self) -> LedgerView:
+        with self.lock:
+            return LedgerView(self.capacity, {m: dict(k) for m, k in self._held.items()}, dict(self._reserved))
 
     # ---- reservations ----------------------------------------------------------------------
     def reserve(self, model: str, nbytes: int, what: str = "") -> None:
         """Promise `nbytes` more to model, or raise PoolExhausted and change nothing."""
         with self.lock:
             new = self._reserved.get(model, 0) + nbytes
-            grow = max(new, self.held(model)) - max(self._reserved.get(model, 0), self.held(model))
+            grow = max(new, self.held(model)) - self.committed_of(model)
             if grow > self.free():
                 raise PoolExhausted(what or f"reserving for {model}", grow, self.free())
             self._reserved[model] = new

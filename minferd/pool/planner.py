@@ -4,11 +4,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from minferd.config import W16_MIN_BYTES, valve
 from minferd.devices import DeviceTraits, MatmulPath
 from minferd.pool.estimator import Estimate
 from minferd.units import fmt_bytes
-
-W16_MIN_BYTES = 2 << 30  # the seeds' W16_ENABLE_BYTES: small models keep their quantized footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +42,10 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
         return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16), est.w16, wants_w16)
 
     q_path, q_why = quantized_path(est, traits)
-    no_w16 = env.get("MINFERD_NO_W16CACHE") == "1"
+    no_w16 = valve("MINFERD_NO_W16CACHE", env) == "1"
     fits = est.total(True) <= free
     does_not_fit = f"the f16 copy needs {fmt_bytes(est.total(True))} in all, {fmt_bytes(free)} free"
-    if env.get("MINFERD_FUSED_B") == "1":
+    if valve("MINFERD_FUSED_B", env) == "1":
         return make(MatmulPath.FUSED_B, "MINFERD_FUSED_B=1")
     if requested == MatmulPath.W16:
         if no_w16:

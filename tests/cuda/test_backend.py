@@ -170,7 +170,7 @@ def test_pool_ledger_equals_cupy_allocator(synth_model, device_memory):
     from minferd.host import Host, LoadOptions
     budget = 2 << 30
     mem = device_memory(budget)
-    h = Host(lambda: CudaBackend(mem), mem, cuda_traits(), budget, w16_min_bytes=0, device="cuda:0")
+    h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), budget, w16_min_bytes=0, device="cuda:0")
 
     def check():
         cp.cuda.Stream.null.synchronize()

@@ -29,7 +29,7 @@ def test_three_7b_models_one_w16_copy(tmp_path, device_memory):
     budget = 3 * est.total(False) + est.w16 + (256 << 20)
     assert est.w16 > est.total(False) + (256 << 20)
     mem = device_memory(budget)
-    h = Host(lambda: CudaBackend(mem), mem, traits, budget, device="cuda:0")
+    h = Host(lambda **kw: CudaBackend(mem, **kw), mem, traits, budget, device="cuda:0")
 
     def check():
         cp.cuda.Stream.null.synchronize()

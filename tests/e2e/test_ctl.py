@@ -116,7 +116,8 @@ def test_pin_keep_alive_demote_promote(q):
     assert json.loads(ctl(q.address, "unpin", "q", "--json").stdout)["pinned"] is False
     assert json.loads(ctl(q.address, "keep-alive", "q", "5m", "--json").stdout)["keep_alive_seconds"] == 300
     assert "keep-alive forever" in ctl(q.address, "keep-alive", "q", "forever").stdout
-    assert json.loads(ctl(q.address, "demote", "q", "--json").stdout)["matmul_path"] == "mmq"  # nothing to drop
+    p = ctl(q.address, "demote", "q", ok=False)  # an MMQ plan holds no copy: saying "done" would be a lie
+    assert p.returncode == 1 and p.stderr.startswith("minferctl: FAILED_PRECONDITION: q holds no f16 copy"), p.stderr
     p = ctl(q.address, "promote", "q", ok=False)
     assert p.returncode == 1 and p.stderr.startswith("minferctl: FAILED_PRECONDITION: q was planned mmq")
 

@@ -25,7 +25,7 @@ QUANT_TOTAL, W16_TOTAL = WEIGHTS + KV + SCRATCH, WEIGHTS + W16 + KV + SCRATCH
 
 def make_host(capacity, w16_min=0):
     mem = HostMemory()
-    return Host(lambda: CpuBackend(1, mem), mem, cpu_traits(1), capacity, w16_min_bytes=w16_min)
+    return Host(lambda **kw: CpuBackend(1, mem, **kw), mem, cpu_traits(1), capacity, w16_min_bytes=w16_min)
 
 
 def check(h):
