@@ -23,6 +23,7 @@ MAX_CHAT_MESSAGES = 4096  # messages in one Chat
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time
 MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
+MAX_HEADER_BYTES = 256 << 20  # a GGUF's metadata and tensor table (the real gemma3's: 6.5 MB)
 
 # ---- process-wide valves (MINFERD_* environment read at use, so tests can set them) -----------
 VALVES = {

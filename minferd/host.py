@@ -77,9 +77,9 @@ class Host(W16Mixin):
         """Load `source` (a path, or an opened file from minferd.paths) as `name`: reserve, upload,
         commit. Refused (typed, nothing changed) when the name is taken or the pool cannot hold it."""
         opts = opts or LoadOptions()
-        check_name(name)
-        mf = open_model_file(source)
+        mf = open_model_file(source)  # closes the source itself when it refuses the file
         try:
+            check_name(name)
             ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
             if not 1 <= ctx <= mf.spec.ctx_train:
                 raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")
@@ -88,11 +88,11 @@ class Host(W16Mixin):
             except DeviceOutOfMemory:
                 # The device refused what the ledger allowed (another process took memory): treat
                 # it as pressure. Give back idle f16 copies and try once more, else refuse.
-                if not self._demote_idle(keep=_identity(mf)):
+                if not self._demote_idle(keep=mf.identity):
                     raise
                 return self._load(name, mf, ctx, opts, progress)
         finally:
-            getattr(mf, 'close', lambda: None)()  # TEMP until ModelFile.close lands: what the model needs is on the device now, or nothing is
+            mf.close()  # what the model needs is on the device now, or nothing is
 
     def _load(self, name, mf, ctx, opts, progress) -> LoadedModel:
         while True:
@@ -124,7 +124,7 @@ class Host(W16Mixin):
         """Under _admit: admission, its decisions carried out, the bytes reserved. Returns the
         loaded model (a repeated load), an Event to wait for (the file is being uploaded for
         another name), or (weight set, plan, whether this load uploads it)."""
-        key = _identity(mf)
+        key = mf.identity
         with self._admit:
             with self._lock:
                 lm = self.models.get(name)
@@ -402,11 +402,3 @@ class Host(W16Mixin):
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         return report.model_bytes(lm, self.ledger.snapshot())
 
-
-def _identity(mf) -> tuple:  # TEMP until ModelFile.identity lands
-    ident = getattr(mf, "identity", None)
-    if ident is None:
-        import os
-        st = os.stat(mf.path)
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    return ident

@@ -13,6 +13,7 @@ from minferd.kernels.quant import SUPPORTED_NAMES
 from minferd.model.arch import MODELS
 from minferd.model.arch.llama import MATMUL, VECTOR
 from minferd.model.gguf_file import GGUFFile
+from minferd.model.source import ModelSource
 from minferd.model.spec import ModelSpec, spec_from_metadata
 from minferd.model.tokenizer_check import check_tokenizer
 
@@ -31,16 +32,43 @@ class ModelFile:
     def path(self):
         return self.gguf.path
 
+    @property
+    def identity(self) -> tuple:
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the file as opened: which file this is."""
+        return self.gguf.source.identity
+
+    def close(self) -> None:
+        """Close the file's descriptor (once the weights are uploaded, or the load refused)."""
+        self.gguf.close()
+
+    def check_unchanged(self) -> None:
+        """Refuse a file written to since it was opened: what was read may mix two files."""
+        change = self.gguf.changed()
+        if change:
+            raise ModelFileError(self.path, f"changed while loading: {change}")
+
     def matmul_bytes(self) -> int:
         return sum(t.n_bytes for t, role in self.tensors.values() if role == MATMUL)
 
     def matmul_elems(self) -> int:
         return sum(t.n_elems for t, role in self.tensors.values() if role == MATMUL)
 
+    def matmul_types(self) -> frozenset:
+        return frozenset(t.qtype.name for t, role in self.tensors.values() if role == MATMUL)
 
-def open_model_file(path: str | os.PathLike) -> ModelFile:
-    """Parse and check a model file without allocating anything large."""
-    gf = GGUFFile(path)
+
+def open_model_file(source: ModelSource | str | os.PathLike) -> ModelFile:
+    """Parse and check a model file without allocating anything large. The ModelFile owns the
+    source (a path given is opened here); a refused file's descriptor is closed at once."""
+    gf = GGUFFile(source)
+    try:
+        return _checked(gf)
+    except BaseException:
+        gf.close()
+        raise
+
+
+def _checked(gf: GGUFFile) -> ModelFile:
     names = set(gf.tensors)
     spec = spec_from_metadata(gf.metadata, gf.path, names, gf.array_len("tokenizer.ggml.tokens"))
     check_tokenizer(gf, spec.n_vocab)
@@ -68,7 +96,6 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
     """Copy every tensor into memory from `mem` (and build W16 copies under that plan).
     On any failure, everything uploaded so far is freed before the error propagates."""
     weights: dict[str, Weight] = {}
-    backend.matmul_path = MatmulPath(path).value  # which prefill kernels its matmuls run
     total = sum(t.n_bytes for t, _ in mf.tensors.values())
     done = 0
     try:
@@ -80,6 +107,7 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
             done += t.n_bytes
             if progress:
                 progress("weights", done, total)
+        mf.check_unchanged()
     except BaseException:
         backend.free(*weights.values())
         raise
@@ -126,7 +154,7 @@ def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None 
         tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
     except ValueError as e:  # an unsupported tokenizer type is the file's problem: name the file
         raise ModelFileError(mf.path, str(e)) from None
-    backend, traits = make_backend(device, threads)
+    backend, traits = make_backend(device, threads, matmul_path=matmul_path)
     mem = backend.untracked()
     weights = upload_weights(mf, backend, mem, MatmulPath(matmul_path))
     model = build_model(mf, backend, weights)
@@ -135,12 +163,13 @@ def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None 
     return LocalModel(model, tokenizer, mf.spec, mf, (time.perf_counter() - t0) * 1e3)
 
 
-def make_backend(device: str, threads: int | None = None, memory=None):
+def make_backend(device: str, threads: int | None = None, memory=None, matmul_path: str = "mmq"):
     """A fresh backend for one model on `device` ("cpu" or "cuda[:N]"), and the device's traits."""
     from minferd.devices import cpu_traits, cuda_traits
+    path = MatmulPath(matmul_path).value
     if device == "cpu":
         from minferd.backend.cpu import CpuBackend
-        be = CpuBackend(threads, memory)
+        be = CpuBackend(threads, memory, matmul_path=path)
         return be, cpu_traits(be.threads)
     from minferd.backend.cuda import CudaBackend, DeviceMemory
-    return CudaBackend(memory or DeviceMemory(int(device.partition(":")[2] or 0))), cuda_traits()
+    return CudaBackend(memory or DeviceMemory(int(device.partition(":")[2] or 0)), matmul_path=path), cuda_traits()
