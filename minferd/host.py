@@ -16,6 +16,7 @@ runs on its models' workers between requests. Every buffer comes from the alloca
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
@@ -38,6 +39,7 @@ from minferd.pool.ledger import DeviceOutOfMemory, Ledger
 from minferd.pool.planner import Plan, plan
 from minferd.worker import Job
 
+log = logging.getLogger("minferd")
 
 @dataclass(slots=True)
 class LoadOptions:
@@ -182,6 +184,9 @@ class Host(W16Mixin):
             if first:
                 from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
                 ws.tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(ws.file.gguf))
+                problem = ws.tokenizer.check_chat_template()
+                if problem:  # it still generates; Chat on it answers FAILED_PRECONDITION naming this
+                    log.warning("%s: %s", ws.file.path.name, problem)
                 ws.backend = backend  # frees the weights once the set's last user goes
                 ws.weights = upload_weights(ws.file, backend, self.allocator.for_model(ws.tag), p.matmul_path,
                                             progress)

@@ -8,9 +8,10 @@ from functools import lru_cache
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from minferd.errors import InvalidRequest
+from minferd import config
+from minferd.errors import Conflict, InvalidRequest, excerpt
+from minferd.model.template_bounds import BoundedEnvironment, Budget, OverBudget
 
 GEMMA = """{{ bos_token }}
 {%- if messages[0]['role'] == 'system' -%}
@@ -92,23 +93,66 @@ def _strftime_now(fmt):
 
 
 @lru_cache(maxsize=64)
-def _compile(source: str) -> jinja2.Template:
-    # The environment transformers uses, so that templates written for it render the same.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+def _compile(source: str) -> jinja2.Template | str:
+    """The compiled template, or what keeps it from compiling: cached either way, so a bad
+    template costs one compile per model, not one per Chat."""
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > config.MAX_TEMPLATE_BYTES:
+        return f"chat template is {size} bytes, over the limit of {config.MAX_TEMPLATE_BYTES} (MAX_TEMPLATE_BYTES)"
+    # The environment transformers uses (bounded: template_bounds.py), so that templates written
+    # for it render the same.
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.bound_filters()
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ValueError(f"chat template does not compile: {e} (line {e.lineno})") from None
+        return f"chat template does not compile: line {e.lineno}: {excerpt(e.message)}"
+    except Exception as e:  # RecursionError (deep nesting), MemoryError, Python's own SyntaxError
+        return f"chat template does not compile: {type(e).__name__}: {excerpt(str(e))}"
+
+
+def check(source: str) -> str | None:
+    """None when the template compiles, else its problem in one line (with the line number)."""
+    compiled = _compile(source)
+    return compiled if isinstance(compiled, str) else None
 
 
 def render(source: str, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
+    """The template rendered within bounds (template_bounds.py). A template that does not compile is
+    the model's problem, Conflict (FAILED_PRECONDITION); anything that goes wrong while it renders is
+    InvalidRequest naming the exception (it may be the messages', as when roles must alternate)."""
     template = _compile(source)
+    if isinstance(template, str):
+        raise Conflict(f"this model's {template} (Generate with a prompt still serves it)")
+    parts, size = [], 0
+    chunks = template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **variables)
-    except jinja2.exceptions.TemplateError as e:
+        with Budget():
+            for chunk in chunks:
+                size += len(chunk.encode("utf-8", "surrogatepass"))
+                if size > config.MAX_RENDERED_BYTES:
+                    raise InvalidRequest(f"chat template: rendered more than {config.MAX_RENDERED_BYTES} "
+                                         f"bytes (MAX_RENDERED_BYTES)")
+                parts.append(chunk)
+    except InvalidRequest:
+        raise
+    except OverBudget as e:
         raise InvalidRequest(f"chat template: {e}") from None
+    except Exception as e:  # ZeroDivisionError, TypeError, UndefinedError, RecursionError, MemoryError, ...
+        raise InvalidRequest(f"chat template{_where(e)}: {type(e).__name__}: {excerpt(str(e))}") from None
+    finally:
+        chunks.close()
+    return "".join(parts)
+
+
+def _where(e: BaseException) -> str:
+    """ line N: the template line the exception came from (Jinja rewrites tracebacks to them)."""
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" line {line}" if line else ""

@@ -259,6 +259,16 @@ class Tokenizer:
         refuses a prompt that cannot fit the context without tokenizing it."""
         return max((max(len(self._piece(i)), len(t.encode())) for i, t in enumerate(self._tokens)), default=1)
 
+    @functools.cached_property
+    def _piece_bytes(self) -> np.ndarray:
+        # _piece, not token_piece: this must not fill the piece cache with the whole vocabulary
+        return np.fromiter((len(self._piece(i)) for i in range(self.vocab_size)), np.int64, self.vocab_size)
+
+    def decoded_bytes(self, ids) -> int:
+        """A bound on the bytes decode(ids) builds (it only ever takes spaces off), counted without
+        building them: the server refuses an answer past its limit before decoding. Ids in range."""
+        return int(self._piece_bytes[np.asarray(ids, dtype=np.int64)].sum()) if len(ids) else 0
+
     def token_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes one token stands for; a byte-fallback token is one byte of a UTF-8 sequence.
         special=False renders control tokens as nothing, like llama_token_to_piece."""
@@ -300,17 +310,25 @@ class Tokenizer:
     def stream_decoder(self, skip_special: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, skip_special)
 
+    @functools.cached_property
+    def _chat_source(self) -> str:
+        """The file's chat template, or the architecture's default where it carries none."""
+        return self._template or chat_template.default_template(
+            self.architecture, lambda t: self._hf.token_to_id(t) is not None)
+
+    def check_chat_template(self) -> str | None:
+        """None when the model's chat template compiles, else its problem in one line, with the line
+        number. Cheap (one compile, cached); host.load calls it so that a bad template shows when the
+        model loads. The model still loads and generates: Chat on it answers FAILED_PRECONDITION."""
+        return chat_template.check(self._chat_source)
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The conversation as prompt text, to be encoded with add_special=True (which adds BOS)."""
         bos = self._tokens[self.bos_id] if 0 <= self.bos_id < self.vocab_size else ""
         eos = self._tokens[self.eos_id] if 0 <= self.eos_id < self.vocab_size else ""
-        if self._template:
-            source = self._template
-        else:
-            source = chat_template.default_template(
-                self.architecture, lambda t: self._hf.token_to_id(t) is not None)
+        if not self._template:
             messages = chat_template.plain_messages(messages)
-        text = chat_template.render(source, messages, add_generation_prompt,
+        text = chat_template.render(self._chat_source, messages, add_generation_prompt,
                                     bos_token=bos, eos_token=eos, **kwargs)
         # Templates that print bos_token themselves would double it once encode adds BOS;
         # llama.cpp's common_chat code strips it the same way.

@@ -94,9 +94,12 @@ def test_oversized_prompts(stub):
     # 2 MiB of text cannot fit 256 tokens whatever it holds: refused before tokenizing it.
     code, msg = code_of(lambda: gen(stub, text="a " * (1 << 20)), timeout_s=2.0)
     assert code == C.INVALID_ARGUMENT and "cannot fit" in msg
-    msgs = [pb2.ChatMessage(role="user", content="hi")] * 50_000
+    msgs = [pb2.ChatMessage(role="user", content="hi")] * 4000  # under MAX_CHAT_MESSAGES: renders, then cannot fit
     code, msg = code_of(lambda: list(stub.Chat(pb2.ChatRequest(model="q", messages=msgs))), timeout_s=5.0)
     assert code == C.INVALID_ARGUMENT and "cannot fit" in msg
+    msgs = [pb2.ChatMessage(role="user", content="hi")] * 50_000
+    code, msg = code_of(lambda: list(stub.Chat(pb2.ChatRequest(model="q", messages=msgs))), timeout_s=2.0)
+    assert code == C.INVALID_ARGUMENT and "50000 messages given, at most 4096" in msg
 
 
 def test_prompt_of_exactly_ctx_generates_one_token(stub):
