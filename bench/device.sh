@@ -8,6 +8,7 @@
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
+#   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -57,4 +58,16 @@ if want kernels; then
   python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"
   python3 bench/mmq.py --json "$OUT/mmq.json" 2>&1 | tee -a "$OUT/kernels.log"
   python3 bench/gemm_f16.py --json "$OUT/gemm_f16.json" 2>&1 | tee -a "$OUT/kernels.log"
+fi
+if [ "$stage" = verify ]; then
+  # A session's whole check in one call: llama.cpp builds in the background (carry .llama, made by
+  # ../shared/device/llama_cpp.sh prep) while tests/cuda runs, then both time the same file.
+  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  timeout -s INT ${TEST_LIMIT:-420} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
+    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  q7b
+  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512,2048 -n 128 -r 3 \
+    --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -12
+  wait $build && /tmp/llama/build/bin/llama-bench -m /tmp/q7b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
+    2>&1 | tee "$OUT/llama-bench.log" | tail -8
 fi

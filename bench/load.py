@@ -6,13 +6,14 @@ Without --address it writes M synthetic tiny models to a temporary directory, st
 `minferd serve` on a unix socket there and loads them (pinned, kept forever). With --address it
 uses the first M models that daemon already has loaded. Each client is a thread with its own
 channel (its own connection): it issues Generate (a random model, a random short prompt,
-max_tokens 8, a seed from the client's seeded RNG) and, one call in ten, GetStatus. A prober
-thread asks GetStatus every 50 ms all along, so status latency is measured while the models are
-busy. Every failed call is counted by its status code; the exit status is 1 if there was any.
+max_tokens 8, a seed from the client's seeded RNG) and, one call in ten, GetStatus. A prober in
+a process of its own (bench/status_probe.py) asks GetStatus every 50 ms all along, so the
+daemon's status latency is measured while the models are busy, apart from this process's 64
+threads contending for its own GIL (the clients' GetStatus calls, reported too, include that). Every failed call is counted by its status code; the exit status is 1 if there was any.
 
 Reported: throughput (Generate requests/s and generated tokens/s), latency percentiles p50/p90/
-p99/max for Generate (time to first event, and total) and for GetStatus (all, and those whose
-answer showed a busy model); a table on stdout and, with --json, the same figures as JSON.
+p99/max for Generate (time to first event, and total) and for GetStatus (the prober's, those of
+its answers that showed a busy model, and the clients'); a table on stdout and, with --json, the same figures as JSON.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import collections
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,8 +68,10 @@ class Recorder:
         self.total: list[float] = []
         self.tokens = 0
         self.per_model: dict[str, list[float]] = collections.defaultdict(list)  # totals by model
-        self.status: list[float] = []
+        self.status: list[float] = []  # the clients' own GetStatus calls
         self.status_busy: list[float] = []
+        self.probe: list[float] = []  # the prober's, from its own process
+        self.probe_busy: list[float] = []
         self.errors: collections.Counter = collections.Counter()
         self.error_samples: dict[str, str] = {}
 
@@ -127,14 +131,20 @@ def one_status(stub, rec: Recorder, timeout: float) -> None:
 
 
 def prober(address: str, stop: threading.Event, rec: Recorder, args, start: threading.Barrier):
-    ch = channel(address)
-    stub = pb2_grpc.MinferdStub(ch)
-    try:
-        start.wait()
-        while not stop.wait(args.probe_every):
-            one_status(stub, rec, args.timeout)
-    finally:
-        ch.close()
+    """GetStatus every probe_every seconds from a process of its own (bench/status_probe.py):
+    the daemon's latency, apart from this process's clients contending for its GIL."""
+    probe = subprocess.Popen([sys.executable, str(Path(__file__).with_name("status_probe.py")), address,
+                              str(args.probe_every), str(args.timeout)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    start.wait()
+    stop.wait()
+    out, _ = probe.communicate("stop\n", timeout=args.timeout + 30)
+    res = json.loads(out.strip().splitlines()[-1])
+    with rec.lock:
+        rec.probe.extend(res["lat"])
+        rec.probe_busy.extend(t for t, b in zip(res["lat"], res["busy"]) if b)
+        if res["errors"]:
+            rec.errors["PROBE_ERROR"] += len(res["errors"])
 
 
 def summary(xs: list[float]) -> dict:
@@ -181,7 +191,8 @@ def run_load(address: str, models: list[str], args) -> dict:
         "generate": {"requests": n, "requests_per_s": n / elapsed, "tokens": rec.tokens,
                      "tokens_per_s": rec.tokens / elapsed, "ttft": summary(rec.ttft), "total": summary(rec.total),
                      "per_model": {m: summary(xs) for m, xs in sorted(rec.per_model.items())}},
-        "status": {"all": summary(rec.status), "busy": summary(rec.status_busy)},
+        "status": {"all": summary(rec.status), "busy": summary(rec.status_busy),
+                   "probe": summary(rec.probe), "probe_busy": summary(rec.probe_busy)},
         "errors": dict(rec.errors), "error_count": sum(rec.errors.values()), "error_samples": rec.error_samples,
         "busy_after": [m.name for m in st.models if m.busy],  # nothing may be left running
     }
@@ -214,8 +225,10 @@ def table(r: dict) -> str:
         "",
         f"{'latency (ms)':<22}{'n':>7}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}",
     ]
+    st = r["status"]
     for label, s in (("generate first event", g["ttft"]), ("generate total", g["total"]),
-                     ("status (all)", r["status"]["all"]), ("status (while busy)", r["status"]["busy"])):
+                     ("status, prober", st["probe"]), ("status, prober, busy", st["probe_busy"]),
+                     ("status, from clients", st["all"])):
         if s["n"]:
             lines.append(f"{label:<22}{s['n']:>7}" + "".join(f"{s[k]:>9.1f}" for k in
                                                              ("p50_ms", "p90_ms", "p99_ms", "max_ms")))

@@ -1,4 +1,4 @@
-"""`minferd`: the daemon's command line (synth, run, score, plan; serve joins later).
+"""`minferd`: the daemon (serve) and its offline tools (plan, run, score, synth).
 
 Every known failure prints one line naming the file and the problem on stderr and exits 2;
 a traceback means a bug.
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
+from minferd.argtypes import UINT64, TokenFlagGone, int_in, real_in
 from minferd.errors import InvalidRequest, MinferdError
 
 
@@ -113,8 +115,9 @@ def cmd_serve(args) -> int:
     from minferd.config import load_config
     from minferd.serve import serve
     logging.basicConfig(level=logging.INFO, format="minferd: %(message)s")
-    keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "tls_cert", "tls_key", "token",
-            "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads")
+    keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "metrics_listen", "tls_cert",
+            "tls_key", "tls_client_ca", "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads",
+            "drain_seconds", "parent_pid")
     return serve(load_config({k: getattr(args, k) for k in keys}, toml_path=args.config))
 
 
@@ -137,21 +140,37 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the daemon (gRPC)")
     p.add_argument("--config", default=None, help="a TOML file of settings (flags and MINFERD_* win)")
-    p.add_argument("--listen", default=None, help="unix:///path.sock (default, mode 0600) or host:port")
+    p.add_argument("--listen", default=None,
+                   help="unix:///abs.sock, unix:relative.sock (default in $XDG_RUNTIME_DIR, mode 0600) or host:port")
     p.add_argument("--models-dir", dest="models_dirs", action="append", default=None,
                    help="LoadModel reads files only under these (repeatable)")
     p.add_argument("--device", default=None, help="auto, cpu or cuda[:N]")
     p.add_argument("--budget", default=None, help="bytes (40GiB) or a fraction of the device (0.9)")
     p.add_argument("--preload", action="append", default=None, help="PATH[=NAME], loaded pinned at start")
-    p.add_argument("--metrics-port", type=int, default=None)
-    p.add_argument("--tls-cert", default=None)
-    p.add_argument("--tls-key", default=None)
-    p.add_argument("--token", default=None, help="bearer token clients must send")
-    p.add_argument("--token-file", default=None, help="read the bearer token from a file")
+    p.add_argument("--metrics-port", type=int_in(1, 65535), default=None,
+                   help="serve Prometheus metrics on 127.0.0.1:PORT (/metrics; the bearer token where one is set)")
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="metrics on another address; one that is not loopback needs a token")
+    p.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for TCP; needs a token or --tls-client-ca")
+    p.add_argument("--tls-key", default=None, help="its private key (PEM)")
+    p.add_argument("--tls-client-ca", default=None, metavar="FILE",
+                   help="require TLS client certificates signed by this CA (PEM)")
+    p.add_argument("--token", nargs="?", action=TokenFlagGone, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", default=None,
+                   help="read the bearer token clients must send from FILE (or set MINFERD_TOKEN); "
+                        "at least 16 characters: openssl rand -hex 16")
     p.add_argument("--insecure", action="store_true", default=None, help="allow plain TCP on loopback")
-    p.add_argument("--keep-alive", type=float, default=None, help="default seconds an idle model stays (300)")
-    p.add_argument("--w16-min-bytes", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--keep-alive", type=real_in(-math.inf), default=None,
+                   help="default seconds an idle model stays (300; 0 unloads when idle, negative keeps forever)")
+    p.add_argument("--w16-min-bytes", type=int_in(0, UINT64), default=None,
+                   help="models with fewer quantized matmul bytes never get an f16 copy (default 2 GiB)")
+    p.add_argument("--threads", type=int_in(1, 4096), default=None,
+                   help="CPU threads of the cpu device (default: all cores)")
+    p.add_argument("--drain-seconds", type=real_in(0), default=None,
+                   help="on SIGTERM, how long in-flight requests may run on (default 30; keep it under the "
+                        "supervisor's grace period)")
+    p.add_argument("--parent-pid", type=int_in(1, 1 << 22), default=None, metavar="PID",
+                   help="drain and exit when process PID is gone (the pytest plugin passes its own)")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("plan", help="dry run: the estimate by kind, the plan and whether it fits")

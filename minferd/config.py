@@ -5,13 +5,22 @@ import os
 import tempfile
 from dataclasses import dataclass, field, fields
 
-from minferd.errors import InvalidRequest
+from minferd.errors import InvalidRequest, excerpt
 
 # ---- one home for each constant ------------------------------------------------------------
 DEFAULT_CTX = 4096  # a load's KV length when it asks for none (capped at the model's training context)
 DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays; 0 unloads when idle, negative keeps forever
 W16_MIN_BYTES = 2 << 30  # the seeds' W16_ENABLE_BYTES: smaller models keep their quantized footprint
-DRAIN_SECONDS = 30.0  # SIGTERM: how long in-flight requests may run on before the daemon exits
+# SIGTERM: how long in-flight requests may run on before the daemon exits. deploy/ gives the
+# daemon a 75 s grace (TimeoutStopSec, terminationGracePeriodSeconds) and passes
+# --drain-seconds 60: the drain must end, and the models unload, before the SIGKILL.
+DRAIN_SECONDS = 30.0
+MIN_TOKEN_CHARS = 16  # a shorter bearer token is refused at start (`openssl rand -hex 16` gives 32)
+HEALTH_WATCH_SECONDS = 1.0  # how soon a Watch of model/<name> hears that the model came or went
+SERVE_TICK_SECONDS = 1.0  # the serve loop reaps expired models and looks for --parent-pid this often
+COMPUTE_NICE = 19  # added to the nice value of threads that compute (minferd/priority.py)
+GIL_SWITCH_SECONDS = 0.0005  # the daemon's sys.setswitchinterval (Python's default: 5 ms)
+METRICS_HOST = "127.0.0.1"  # --metrics-port's address; another one needs --metrics-listen and a token
 
 # Bounds on what a client may send, checked before any work; errors echo at most EXCERPT chars.
 MAX_NAME_CHARS = 128  # a model name
@@ -23,6 +32,9 @@ MAX_CHAT_MESSAGES = 4096  # messages in one Chat
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time
 MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
+# A model file's chat template, compiled once at load: real ones are a few KB (tool-calling ones up to
+# ~20 KB); a dense 64 KiB one compiles in ~1 s on 2 cores, a 1 MiB one took 26 s.
+MAX_TEMPLATE_BYTES = 64 << 10
 MAX_HEADER_BYTES = 256 << 20  # a GGUF's metadata and tensor table (the real gemma3's: 6.5 MB)
 
 # ---- process-wide valves (MINFERD_* environment read at use, so tests can set them) -----------
@@ -54,10 +66,12 @@ class ServeConfig:
     device: str = "auto"  # auto | cpu | cuda[:N]
     budget: str | None = None  # bytes ("40GiB") or a fraction ("0.9")
     preload: tuple[str, ...] = ()  # PATH[=NAME]
-    metrics_port: int | None = None
+    metrics_port: int | None = None  # METRICS_HOST:PORT
+    metrics_listen: str | None = None  # HOST:PORT
     tls_cert: str | None = None
     tls_key: str | None = None
-    token: str | None = None
+    tls_client_ca: str | None = None  # PEM: TLS clients must present a certificate it signed
+    token: str | None = None  # MINFERD_TOKEN or the TOML file only: never a flag (argv is public)
     token_file: str | None = None
     insecure: bool = False
     keep_alive: float = DEFAULT_KEEP_ALIVE
@@ -65,20 +79,30 @@ class ServeConfig:
     threads: int | None = None
     max_message_bytes: int = 16 << 20
     drain_seconds: float = DRAIN_SECONDS
+    parent_pid: int | None = None  # drain and exit when this process is gone (the pytest plugin's)
 
     def bearer_token(self) -> str | None:
-        if self.token_file:
-            try:
-                with open(self.token_file) as f:
-                    return f.read().strip() or None
-            except OSError as e:
-                raise InvalidRequest(f"--token-file {self.token_file}: {e.strerror}") from None
-        return self.token
+        """The checked token (minferd.auth's rules), or None where none is configured."""
+        from minferd.auth import read_token
+        return read_token(self.token, self.token_file)
+
+    def metrics_address(self) -> tuple[str, int] | None:
+        if self.metrics_listen and self.metrics_port is not None:
+            raise InvalidRequest("give --metrics-listen HOST:PORT or --metrics-port PORT, not both")
+        if self.metrics_port is not None:
+            return METRICS_HOST, self.metrics_port
+        if not self.metrics_listen:
+            return None
+        host, _, port = self.metrics_listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequest(f"--metrics-listen {excerpt(self.metrics_listen)}: expected HOST:PORT")
+        return host.strip("[]"), int(port)
 
 
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int,
-        "token": str, "token_file": str, "tls_cert": str, "tls_key": str, "keep_alive": float,
-        "w16_min_bytes": int, "threads": int}
+        "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
+        "tls_client_ca": str, "keep_alive": float, "w16_min_bytes": int, "threads": int,
+        "drain_seconds": float}
 
 
 def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> ServeConfig:
@@ -101,7 +125,7 @@ def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> Se
         try:
             values[key] = tuple(p for p in raw.split(os.pathsep) if p) if kind == "paths" else kind(raw)
         except ValueError:
-            raise InvalidRequest(f"MINFERD_{key.upper()}={raw!r} is not a valid {kind.__name__}") from None
+            raise InvalidRequest(f"MINFERD_{key.upper()}={excerpt(raw)} is not a valid {kind.__name__}") from None
     values.update({k: v for k, v in flags.items() if v is not None and v != ()})
     known = {f.name for f in fields(ServeConfig)}
     unknown = sorted(set(values) - known)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
+from minferd.argtypes import INT32, UINT32, UINT64, TokenFlagGone, int_in, real_in
 from minferd.client import KINDS, PATHS, Client, default_address, normalize_address
 from minferd.units import fmt_bytes
 
@@ -136,10 +138,19 @@ def cmd_status(c: Client, args) -> int:
     return 0
 
 
+def model_argument(arg: str) -> str:
+    """What LoadModel gets for `minferctl load ARG`: a local file, or anything spelled as a path, as
+    an absolute path from the caller's working directory (the daemon's is another one); a bare
+    name that is no file here (gemma3-270m, a name under --models-dir) as it is."""
+    if os.path.exists(arg) or os.sep in arg or (os.altsep and os.altsep in arg):
+        return os.path.abspath(arg)
+    return arg
+
+
 def cmd_load(c: Client, args) -> int:
     bar = None if args.quiet else ProgressBar()
     try:
-        m = c.load(args.path, args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar)
+        m = c.load(model_argument(args.path), args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar)
     finally:
         if bar:
             bar.close()
@@ -214,9 +225,13 @@ def _model_cmd(call, verb):
 
 def token_ids(text: str) -> list[int]:
     try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers, like 1,2,3") from None
+    bad = next((i for i in ids if not -INT32 - 1 <= i <= INT32), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"token id {bad} is outside the 32-bit range")
+    return ids
 
 
 def parse_seconds(text: str) -> float:
@@ -226,9 +241,12 @@ def parse_seconds(text: str) -> float:
         return -1.0
     scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(t[-1:], None)
     try:
-        return float(t[:-1]) * scale if scale else float(t)
+        seconds = float(t[:-1]) * scale if scale else float(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: seconds, 5m, 1h or forever") from None
+    if math.isnan(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds, 5m, 1h or forever")
+    return seconds
 
 
 def _common(suppress: bool) -> argparse.ArgumentParser:
@@ -237,10 +255,13 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--address", default=d(None),
                    help=f"unix:///path.sock or host:port (env MINFERD_ADDRESS; default {default_address()})")
-    p.add_argument("--token", default=d(None), help="bearer token (env MINFERD_TOKEN)")
+    p.add_argument("--token", nargs="?", action=TokenFlagGone, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", default=d(None), metavar="FILE",
+                   help="read the bearer token from FILE (or set MINFERD_TOKEN)")
     p.add_argument("--ca-cert", default=d(os.environ.get("MINFERD_CA_CERT")), help="TLS: the server's CA (PEM)")
     p.add_argument("--tls", action="store_true", default=d(False), help="TLS with the system's roots")
-    p.add_argument("--timeout", type=float, default=d(None), help="seconds per call (default: none for streams)")
+    p.add_argument("--timeout", type=real_in(0, lo_open=True), default=d(None),
+                   help="seconds per call (default: none for streams)")
     p.add_argument("--json", action="store_true", default=d(False), help="print one JSON object")
     return p
 
@@ -260,7 +281,7 @@ def parser() -> argparse.ArgumentParser:
     add("status", cmd_status, "the pool and every model's footprint")
     p = add("load", cmd_load, "load a GGUF file (a path under --models-dir or a bare name)", "path")
     p.add_argument("--name", default="", help="the name requests use (default: from the file name)")
-    p.add_argument("--ctx", type=int, default=0, help="context length (default: the daemon's)")
+    p.add_argument("--ctx", type=int_in(1, UINT32), default=0, help="context length (default: the daemon's)")
     p.add_argument("--matmul-path", default="auto", choices=list(PATHS))
     p.add_argument("--pin", action="store_true", help="never evict it to make room")
     p.add_argument("--keep-alive", type=parse_seconds, help="idle time before it may be unloaded (5m, forever)")
@@ -276,13 +297,13 @@ def parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("message")
             p.add_argument("--system", help="a system message first")
-        p.add_argument("--max-tokens", type=int)
-        p.add_argument("--temperature", type=float)
-        p.add_argument("--seed", type=int)
-        p.add_argument("--top-k", type=int)
-        p.add_argument("--top-p", type=float)
-        p.add_argument("--min-p", type=float)
-        p.add_argument("--repeat-penalty", type=float)
+        p.add_argument("--max-tokens", type=int_in(1, UINT32))
+        p.add_argument("--temperature", type=real_in(0), help="0 = greedy")
+        p.add_argument("--seed", type=int_in(0, UINT64))
+        p.add_argument("--top-k", type=int_in(0, INT32), help="0 = off")
+        p.add_argument("--top-p", type=real_in(0, 1, lo_open=True))
+        p.add_argument("--min-p", type=real_in(0, 1))
+        p.add_argument("--repeat-penalty", type=real_in(0, lo_open=True), help="1 = off")
         p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p = add("tokenize", cmd_tokenize, "text -> token ids", "name", "text")
     p.add_argument("--no-special", action="store_true")
@@ -303,8 +324,9 @@ def main(argv=None) -> int:
     address = normalize_address(args.address)
     try:
         import grpc
-        client = Client(address, args.token, args.timeout, args.ca_cert, args.tls)
-    except OSError as e:  # an unreadable --ca-cert
+        token = read_token_file(args.token_file) if args.token_file else None
+        client = Client(address, token, args.timeout, args.ca_cert, args.tls)
+    except OSError as e:  # an unreadable --ca-cert or --token-file
         print(f"minferctl: {e}", file=sys.stderr)
         return 1
     try:
@@ -323,6 +345,11 @@ def main(argv=None) -> int:
         return 0
     finally:
         client.close()
+
+
+def read_token_file(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read().removesuffix("\n").removesuffix("\r")  # `openssl rand -hex 16 > FILE` adds one
 
 
 def _unreachable(details: str) -> bool:

@@ -23,14 +23,20 @@ import time
 from dataclasses import dataclass
 
 from minferd import report
-from minferd.config import DEFAULT_CTX, DEFAULT_KEEP_ALIVE, MAX_NAME_CHARS, W16_MIN_BYTES
+from minferd.config import (
+    DEFAULT_CTX,
+    DEFAULT_KEEP_ALIVE,
+    MAX_NAME_CHARS,
+    W16_MIN_BYTES,
+)
 from minferd.devices import DeviceTraits, MatmulPath
 from minferd.errors import Conflict, InvalidRequest, MinferdError, NotFound, excerpt
 from minferd.host_w16 import W16Mixin
 from minferd.loaded import LoadedModel, WeightSet
 from minferd.model.generate import GenerationResult, generate
-from minferd.model.loader import build_model, open_model_file, upload_weights
+from minferd.model.loader import ModelFile, build_model, open_model_file, upload_weights
 from minferd.model.sampler import SamplingParams
+from minferd.model.source import ModelSource
 from minferd.pool import admission
 from minferd.pool.admission import TenantView
 from minferd.pool.allocator import Allocator
@@ -66,20 +72,24 @@ class Host(W16Mixin):
         self.allocator = Allocator(self.ledger, device_memory)
         self.models: dict[str, LoadedModel] = {}
         self.weight_sets: dict[tuple, WeightSet] = {}
-        self._loading: set[str] = set()  # names reserved by loads in progress
+        self._loading: dict[str, tuple] = {}  # names reserved by loads in progress -> (file, ctx, done)
+        # Names being unloaded -> done. The ledger tags a model's bytes by its name: a new load of
+        # the name waits until the old one's are gone (its unreserve took the newcomer's reservation).
+        self._unloading: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._admit = threading.Lock()
         self._events_lock = threading.Lock()
         self.events: list[str] = []  # "demoted a", "expired b", ...: the latest 1000, for status and tests
         self.event_counts: collections.Counter = collections.Counter()  # by kind, for metrics
         self.promote_in_background = False  # the daemon sets it: an unload then returns at once
+        self.retry_promotion = False  # memory freed while a waiting model was busy: try again
 
     # ---- load ----------------------------------------------------------------------------------
     def load(self, name: str, source, opts: LoadOptions | None = None, progress=None) -> LoadedModel:
         """Load `source` (a path, or an opened file from minferd.paths) as `name`: reserve, upload,
         commit. Refused (typed, nothing changed) when the name is taken or the pool cannot hold it."""
         opts = opts or LoadOptions()
-        mf = open_model_file(source)  # closes the source itself when it refuses the file
+        mf = self._open(source)
         try:
             check_name(name)
             ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
@@ -96,12 +106,23 @@ class Host(W16Mixin):
         finally:
             mf.close()  # what the model needs is on the device now, or nothing is
 
+    def _open(self, source) -> ModelFile:
+        """The checked file: a loaded one's as it was parsed at its first load (same descriptor
+        identity: the same bytes), else parsed now. A test suite loads one file under many names."""
+        src = source if isinstance(source, ModelSource) else ModelSource.open(source)
+        with self._lock:
+            ws = self.weight_sets.get(src.identity)
+            if ws is not None and ws.ready.is_set() and ws.users:
+                src.close()
+                return ws.file
+        return open_model_file(src)  # closes the source itself when it refuses the file
+
     def _load(self, name, mf, ctx, opts, progress) -> LoadedModel:
         while True:
             step = self._reserve(name, mf, ctx, opts)
             if not isinstance(step, threading.Event):
                 break
-            step.wait()  # the same file is being uploaded for another name: share it once it is there
+            step.wait()  # the same file is being uploaded (for this name or another): then share or return it
         if isinstance(step, LoadedModel):
             return step
         ws, p, first = step
@@ -110,13 +131,13 @@ class Host(W16Mixin):
         except BaseException:
             self.ledger.unreserve(name)
             with self._lock:
-                self._loading.discard(name)
+                self._loading.pop(name)[2].set()
             self._release(ws)
             raise
         with self._lock:
             ws.users.append(lm)
             self.models[name] = lm
-            self._loading.discard(name)
+            self._loading.pop(name)[2].set()
         ws.ready.set()  # loads of the same file waiting for it share it now (on failure: _release sets it)
         if progress:
             progress("ready", 1, 1)
@@ -124,8 +145,8 @@ class Host(W16Mixin):
 
     def _reserve(self, name, mf, ctx, opts):
         """Under _admit: admission, its decisions carried out, the bytes reserved. Returns the
-        loaded model (a repeated load), an Event to wait for (the file is being uploaded for
-        another name), or (weight set, plan, whether this load uploads it)."""
+        loaded model (a repeated load), an Event to wait for (the same load from another client,
+        or the file being uploaded for another name), or (weight set, plan, whether it uploads)."""
         key = mf.identity
         with self._admit:
             with self._lock:
@@ -134,8 +155,13 @@ class Host(W16Mixin):
                     if lm.ws.key == key and lm.ctx == ctx:
                         return lm  # loading what is already loaded is a no-op, as in Ollama
                     raise Conflict(f"model name {name!r} is in use by {lm.ws.file.path} (ctx {lm.ctx}); unload it first")
+                if name in self._unloading:
+                    return self._unloading[name]
                 if name in self._loading:
-                    raise Conflict(f"model name {name!r} is being loaded by another request")
+                    other_key, other_ctx, done = self._loading[name]
+                    if (other_key, other_ctx) == (key, ctx):
+                        return done  # the same load from another client: its model, once it is there
+                    raise Conflict(f"model name {name!r} is being loaded by another request (another file or ctx)")
                 ws = self.weight_sets.get(key)
                 if ws is not None and not ws.ready.is_set():
                     return ws.ready
@@ -152,7 +178,7 @@ class Host(W16Mixin):
                     p = plan(est, self.traits, self.ledger.free(), opts.matmul_path, self.w16_min_bytes)
                 what = f"loading {name} ({mf.path.name}, {p.matmul_path.value})"
                 decision = admission.admit(p.total, self.ledger.free(), self._views(exclude=ws), time.monotonic(), what)
-                self._loading.add(name)
+                self._loading[name] = (key, ctx, threading.Event())
                 first = ws is None
                 if first:
                     ws = WeightSet(key, mf, p, ready=threading.Event())
@@ -170,7 +196,7 @@ class Host(W16Mixin):
                     raise
             except BaseException:
                 with self._lock:
-                    self._loading.discard(name)
+                    self._loading.pop(name)[2].set()
                 self._release(ws)
                 raise
         return ws, p, first
@@ -241,12 +267,13 @@ class Host(W16Mixin):
                 pass
         for name in decision.unload:
             try:
-                self.unload(name, reason="evicted", when=lambda lm: not lm.pinned and lm.idle())
+                # No promotion after it: the room is for the load that holds _admit now.
+                self.unload(name, reason="evicted", when=lambda lm: not lm.pinned and lm.idle(), promote=False)
             except MinferdError:
                 pass
 
     # ---- unload ----------------------------------------------------------------------------------
-    def unload(self, name: str, reason: str | None = None, when=None) -> int:
+    def unload(self, name: str, reason: str | None = None, when=None, promote: bool = True) -> int:
         """Take the model out of the table, cancel its requests (their callers get Aborted), free
         its KV and scratch, and its weights when no other model shares them. Returns the bytes
         freed. With `when` (eviction, expiry, keep-alive 0) only an idle model for which when(model)
@@ -263,23 +290,28 @@ class Host(W16Mixin):
             else:
                 lm.worker.close()
             del self.models[name]
+            self._unloading[name] = threading.Event()
         if reason:
             self.event(reason, name)
-        lm.worker.join()  # a running request stops at its next token
-        be = lm.model.be
-        freed = self.ledger.held(name)
-        be.free(lm.cache)
-        be.free_scratch(self.allocator.for_model(name))
-        self.ledger.unreserve(name)
-        freed -= self.ledger.held(name)
-        with self._lock:
-            lm.ws.users.remove(lm)
-        freed += self._release(lm.ws)
-        be.close()
-        self.allocator.trim()
-        if self.promote_in_background:
+        try:
+            lm.worker.join()  # a running request stops at its next token
+            be = lm.model.be
+            freed = self.ledger.held(name)
+            be.free(lm.cache)
+            be.free_scratch(self.allocator.for_model(name))
+            self.ledger.unreserve(name)
+            freed -= self.ledger.held(name)
+            with self._lock:
+                lm.ws.users.remove(lm)
+            freed += self._release(lm.ws)
+            be.close()
+            self.allocator.trim()
+        finally:
+            with self._lock:
+                self._unloading.pop(name).set()
+        if promote and self.promote_in_background:
             threading.Thread(target=self.promote_waiting, name="minferd-promote", daemon=True).start()
-        else:
+        elif promote:
             self.promote_waiting()
         return freed
 

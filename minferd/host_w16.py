@@ -75,11 +75,14 @@ class W16Mixin:
 
     def promote_waiting(self) -> list[str]:
         """Weight sets waiting for an f16 copy get it, most recently used first, while it fits.
-        Busy ones wait for the next call (the daemon calls it after unloads and every second)."""
+        Called when memory frees (an unload); a busy set is left for the daemon's next tick
+        (retry_promotion), never waited for here."""
         with self._lock:
             waiting = [ws for ws in self.weight_sets.values()
-                       if ws.users and ws.waiting_for_w16() and not ws.changing
-                       and all(not u.busy for u in ws.users)]
+                       if ws.users and ws.waiting_for_w16() and not ws.changing]
+            busy = [ws for ws in waiting if any(u.busy for u in ws.users)]
+            self.retry_promotion = bool(busy)
+            waiting = [ws for ws in waiting if ws not in busy]
             waiting.sort(key=lambda ws: -max(u.last_used for u in ws.users))
             names = [ws.users[0].name for ws in waiting]
             needs = [ws.plan.w16_bytes for ws in waiting]

@@ -1,9 +1,15 @@
 """Prometheus metrics: pool and per-model bytes read from the ledger at scrape time, plus request,
-token and latency counters fed by the server."""
+token and latency counters fed by the server. Where the daemon has a token, /metrics asks for it
+as `Authorization: Bearer` (the model names are what a token keeps from strangers)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 
 
 class PoolCollector:
@@ -48,5 +54,32 @@ class Metrics:
     def refusal(self, code: str) -> None:
         self.refusals.labels(code).inc()
 
-    def serve(self, port: int, addr: str = "127.0.0.1"):
-        return start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, addr: str, port: int, token: str | None = None) -> ThreadingWSGIServer:
+        """Serve /metrics on addr:port in a daemon thread; .shutdown() stops it."""
+        app = make_wsgi_app(self.registry)
+        if token:
+            app = bearer_gate(app, token)
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        httpd = make_server(addr, port, app, server_class, handler_class=_Quiet)
+        threading.Thread(target=httpd.serve_forever, name="minferd-metrics", daemon=True).start()
+        return httpd
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args):  # a line on stderr per scrape is noise in the daemon's log
+        pass
+
+
+def bearer_gate(app, token: str):
+    """The WSGI app behind `Authorization: Bearer <token>`; anything else is 401 and no metrics."""
+    from minferd.auth import bearer_matches
+    expected = f"Bearer {token}".encode()
+
+    def gated(environ, start_response):
+        if bearer_matches(environ.get("HTTP_AUTHORIZATION"), expected):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                            ("WWW-Authenticate", 'Bearer realm="minferd"')])
+        return [b"missing or wrong bearer token\n"]
+    return gated

@@ -1,24 +1,27 @@
 """`minferd serve`: build the host for a device, bind the socket, preload, reap idle models, and
-drain on SIGTERM (health NOT_SERVING, in-flight requests finish, exit 0)."""
+drain on SIGTERM or when --parent-pid's process is gone (health NOT_SERVING, in-flight requests
+finish, exit 0)."""
 from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import signal
-import socket
 import sys
 import threading
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-from minferd.config import ServeConfig
+from minferd.config import GIL_SWITCH_SECONDS, SERVE_TICK_SECONDS, ServeConfig
 from minferd.errors import InvalidRequest
 from minferd.host import Host, LoadOptions
 from minferd.model.loader import resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.server import SERVICE, MinferdServicer, create_server, new_health
+from minferd.units import fmt_bytes
+from minferd.unix_socket import BoundSocket, bind, unix_path
 
 log = logging.getLogger("minferd")
 
@@ -42,12 +45,17 @@ def build_host(cfg: ServeConfig) -> Host:
     device = "cuda:0" if device == "cuda" else device
     total, others = measure_device(device)
     budget = resolve_budget(device, parse_budget(cfg.budget) if cfg.budget else None, total, others)
+    if budget.asked is not None:  # more than the device leaves: clamped, and the operator should know
+        asked = f"{cfg.budget} ({fmt_bytes(budget.asked)})" if cfg.budget else f"the default {fmt_bytes(budget.asked)}"
+        log.warning("budget %s is more than %s leaves (%s, %s used by others, %s headroom): using %s",
+                    asked, device, fmt_bytes(total), fmt_bytes(others), fmt_bytes(budget.headroom),
+                    fmt_bytes(budget.capacity))
     if device == "cpu":
         from minferd.backend.cpu import CpuBackend, HostMemory
         from minferd.devices import cpu_traits
         threads = cfg.threads or os.cpu_count() or 1
         mem = HostMemory()
-        factory, traits = (lambda: CpuBackend(threads, mem)), cpu_traits(threads)
+        factory, traits = (lambda **kw: CpuBackend(threads, mem, **kw)), cpu_traits(threads)
     else:
         from minferd.backend import gates
         from minferd.backend.cuda import CudaBackend, DeviceMemory, device_name
@@ -55,7 +63,7 @@ def build_host(cfg: ServeConfig) -> Host:
         index = int(device.partition(":")[2])
         gates.check_device(device_name(index), gates.table_path())  # a bad MINFERD_GATE_TABLE fails here, at start
         mem = DeviceMemory(index, limit=budget.capacity)
-        factory, traits = (lambda: CudaBackend(mem)), cuda_traits()
+        factory, traits = (lambda **kw: CudaBackend(mem, **kw)), cuda_traits()
     host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device)
     host.promote_in_background = True
     return host
@@ -70,89 +78,151 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_transport(cfg: ServeConfig) -> None:
-    """TCP needs TLS or a token; plain TCP only with --insecure, and only on loopback."""
-    if cfg.listen.startswith("unix://"):
-        return
+TOKEN_HOW = "--token-file FILE or MINFERD_TOKEN"
+
+
+def check_transport(cfg: ServeConfig, token: str | None) -> None:
+    """Who can reach the daemon decides what it asks of them. A unix socket is owner-only. TCP
+    needs a token or client certificates (TLS alone encrypts for anyone); plain TCP without either
+    only with --insecure, and only on loopback. Metrics off loopback need the token too."""
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise InvalidRequest("--tls-cert and --tls-key go together")
-    if cfg.tls_cert or cfg.bearer_token():
+    if cfg.tls_client_ca and not cfg.tls_cert:
+        raise InvalidRequest("--tls-client-ca needs --tls-cert and --tls-key (the daemon's own certificate)")
+    metrics = cfg.metrics_address()
+    if metrics and not _is_loopback(metrics[0]) and not token:
+        raise InvalidRequest(f"metrics on {metrics[0]}:{metrics[1]} are not loopback: give a token "
+                             f"({TOKEN_HOW}) that scrapers send as `Authorization: Bearer`")
+    if unix_path(cfg.listen) is not None or token or cfg.tls_client_ca:
         return
+    if cfg.tls_cert:
+        raise InvalidRequest(f"--tls-cert/--tls-key alone encrypt the connection but let any client in: "
+                             f"add a token ({TOKEN_HOW}) or --tls-client-ca FILE")
     host = cfg.listen.rsplit(":", 1)[0]
     if not cfg.insecure:
-        raise InvalidRequest(f"refusing plain TCP on {cfg.listen}: give --tls-cert/--tls-key or --token, "
-                             f"or --insecure for a loopback address")
+        raise InvalidRequest(f"refusing plain TCP on {cfg.listen}: give a token ({TOKEN_HOW}) or "
+                             f"--tls-client-ca, or --insecure for a loopback address")
     if not _is_loopback(host):
         raise InvalidRequest(f"--insecure is for loopback addresses only, not {host!r}")
 
 
-def _bind_unix(server: grpc.Server, listen: str) -> str:
-    path = listen[len("unix://"):]
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX)
+def _check_numbers(cfg: ServeConfig) -> None:
+    # The flags' types check these; MINFERD_* and the TOML file reach here unchecked.
+    d = cfg.drain_seconds
+    if not (isinstance(d, (int, float)) and math.isfinite(d) and d >= 0):
+        raise InvalidRequest(f"drain_seconds {d!r}: expected seconds >= 0")
+    if cfg.parent_pid is not None and not _process_start(cfg.parent_pid):
+        raise InvalidRequest(f"--parent-pid {cfg.parent_pid}: no such process")
+
+
+def _bind_tcp(server: grpc.Server, cfg: ServeConfig) -> None:
+    if cfg.tls_cert:
         try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # a stale socket from a daemon that was killed
-        else:
-            raise InvalidRequest(f"another daemon is listening on {path}")
-        finally:
-            probe.close()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    old = os.umask(0o177)  # the socket is created owner-only, never briefly open
-    try:
-        if not server.add_insecure_port(listen):
-            raise InvalidRequest(f"cannot listen on {listen}")
-    finally:
-        os.umask(old)
-    return path
-
-
-def serve(cfg: ServeConfig) -> int:
-    check_transport(cfg)
-    host = build_host(cfg)
-    health = new_health()
-    metrics = None
-    if cfg.metrics_port is not None:
-        from minferd.metrics import Metrics
-        metrics = Metrics(host)
-        metrics.serve(cfg.metrics_port)
-    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics)
-    server = create_server(servicer, health, cfg.bearer_token(), cfg.max_message_bytes)
-    sock = None
-    if cfg.listen.startswith("unix://"):
-        sock = _bind_unix(server, cfg.listen)
-    elif cfg.tls_cert:
-        with open(cfg.tls_cert, "rb") as c, open(cfg.tls_key, "rb") as k:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            with open(cfg.tls_cert, "rb") as c, open(cfg.tls_key, "rb") as k:
+                pair = (k.read(), c.read())
+            roots = None
+            if cfg.tls_client_ca:
+                with open(cfg.tls_client_ca, "rb") as f:
+                    roots = f.read()
+        except OSError as e:
+            raise InvalidRequest(f"{e.filename}: {e.strerror}") from None
+        creds = grpc.ssl_server_credentials([pair], root_certificates=roots, require_client_auth=roots is not None)
         if not server.add_secure_port(cfg.listen, creds):
             raise InvalidRequest(f"cannot listen on {cfg.listen}")
     elif not server.add_insecure_port(cfg.listen):
         raise InvalidRequest(f"cannot listen on {cfg.listen}")
-    server.start()
-    if sock:
-        os.chmod(sock, 0o600)
-    for item in cfg.preload:
-        path, _, name = item.partition("=")
-        path = resolve_path(path)
-        name = name or os.path.basename(path).removesuffix(".gguf")
-        host.load(name, path, LoadOptions(pinned=True, keep_alive=-1.0))
-        health.set(f"model/{name}", health_pb2.HealthCheckResponse.SERVING)
-    for svc in ("", SERVICE):
-        health.set(svc, health_pb2.HealthCheckResponse.SERVING)
-    print(f"minferd: listening on {cfg.listen} ({host.device}, budget {host.ledger.capacity} bytes)",
-          file=sys.stderr, flush=True)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        host.reap()
-    for svc in ("", SERVICE):
-        health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+# ---- the parent watch (--parent-pid) -------------------------------------------------------------
+def _process_start(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), so that a pid the kernel hands to a
+    new process later does not count as the parent still running; None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # no /proc: existence is all there is to know
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+class ParentWatch:
+    def __init__(self, pid: int | None):
+        self.pid = pid
+        self.start = _process_start(pid) if pid else None
+
+    def gone(self) -> bool:
+        return self.pid is not None and _process_start(self.pid) != self.start
+
+
+def reap_until(stop: threading.Event, host: Host, parent: ParentWatch) -> None:
+    """Every second: unload expired models, give f16 copies to models that wait for one and were
+    busy when memory freed, and look for the parent. An error in one round is one log line and the
+    next round runs: the reaper ending the daemon took every model with it."""
+    while not stop.wait(SERVE_TICK_SECONDS):
+        try:
+            host.reap()
+            if host.retry_promotion:
+                host.promote_waiting()
+        except Exception as e:
+            log.error("keep-alive reaper: %s: %s", type(e).__name__, (str(e).splitlines() or [""])[0])
+        if parent.gone():
+            log.info("parent process %d is gone: draining", parent.pid)
+            return
+
+
+def serve(cfg: ServeConfig) -> int:
+    token = cfg.bearer_token()
+    check_transport(cfg, token)
+    _check_numbers(cfg)
+    parent = ParentWatch(cfg.parent_pid)
+    # Model workers hold the GIL between their kernels (sampling, the CPU backend's Python); a
+    # status call waiting its turn waited up to 5 ms per hand-over, several per call.
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    host = build_host(cfg)
+    health = new_health(host, token)
+    metrics = None
+    if cfg.metrics_address():
+        from minferd.metrics import Metrics
+        metrics = Metrics(host)
+    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics)
+    server = create_server(servicer, health, token, cfg.max_message_bytes)
+    # Metrics first: a port in use then fails the start before there is a socket to leave behind.
+    metrics_http = metrics.serve(*cfg.metrics_address(), token) if metrics else None
+    path = unix_path(cfg.listen)
+    sock: BoundSocket | None = bind(server, path) if path else None
+    if sock is None:
+        _bind_tcp(server, cfg)
+    server.start()
+    try:
+        for item in cfg.preload:
+            name_path, _, name = item.partition("=")
+            name_path = resolve_path(name_path)
+            name = name or os.path.basename(name_path).removesuffix(".gguf")
+            host.load(name, name_path, LoadOptions(pinned=True, keep_alive=-1.0))
+        for svc in ("", SERVICE):
+            health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        where = f"unix:{sock.path}" if sock else cfg.listen
+        print(f"minferd: listening on {where} ({host.device}, budget {fmt_bytes(host.ledger.capacity)})",
+              file=sys.stderr, flush=True)
+
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        reap_until(stop, host, parent)
+        for svc in ("", SERVICE):
+            health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+    finally:
+        if sock:  # at once: a successor may bind the path while this one drains
+            sock.release()
     server.stop(grace=cfg.drain_seconds).wait()  # refuses new calls, lets in-flight ones finish
+    if metrics_http:
+        metrics_http.shutdown()
     host.unload_all()
-    if sock and os.path.exists(sock):
-        os.unlink(sock)
     print("minferd: drained, exiting", file=sys.stderr, flush=True)
     return 0

@@ -1,9 +1,8 @@
 """The gRPC edge: a thin servicer (proto <-> host calls), errors mapped to status codes in one
-place, a bearer-token interceptor, and create_server (kept apart from serve, as in the gRPC
-examples)."""
+place, and create_server (kept apart from serve, as in the gRPC examples; the token interceptor
+and the health service are minferd.auth's)."""
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
 import math
@@ -14,17 +13,28 @@ import time
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from minferd import config
 from minferd._proto import pb2, pb2_grpc
+from minferd.auth import GatedHealth, TokenAuth
 from minferd.devices import MatmulPath
-from minferd.errors import (Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound,
-                            PermissionDenied)
+from minferd.errors import (
+    Aborted,
+    Conflict,
+    InvalidRequest,
+    MinferdError,
+    ModelFileError,
+    NotFound,
+    PermissionDenied,
+    excerpt,
+)
 from minferd.host import Host, LoadOptions
 from minferd.model.sampler import SamplingParams
-from minferd.paths import allowed_model_path
+from minferd.paths import open_model_source
 from minferd.pool.ledger import PoolExhausted
+from minferd.priority import lower_this_thread
 
 log = logging.getLogger("minferd")
 
@@ -35,6 +45,7 @@ STATUS = {  # the one map from domain errors to gRPC status codes
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+    Aborted: grpc.StatusCode.ABORTED,  # its model was unloaded under it
     MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a device out of memory mid-request (CuPy's too)
 }
 PATHS = {pb2.W16: MatmulPath.W16, pb2.MMQ: MatmulPath.MMQ, pb2.FUSED_B: MatmulPath.FUSED_B}
@@ -93,6 +104,29 @@ def _check_text_fits(tok, text: str, ctx: int) -> None:
                              f"(no token covers more than {tok.max_piece_bytes} bytes)")
 
 
+def _bound(field: str, size: int, limit: int, unit: str, verb: str = "given") -> None:
+    """A client's input past its bound (config.py) is refused before any work on it: a 3.5 M-id
+    Detokenize built a 168 MB answer, a Tokenize of 16 MiB held the tokenizer for seconds."""
+    if size > limit:
+        raise InvalidRequest(f"{field}: {size} {unit} {verb}, at most {limit}")
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_chat(messages) -> None:
+    """What a Chat request must be before its template runs."""
+    _bound("messages", len(messages), config.MAX_CHAT_MESSAGES, "messages")
+    if not messages:
+        raise InvalidRequest("chat has no messages")
+    bad = next((m.role for m in messages if m.role not in CHAT_ROLES), None)
+    if bad is not None:
+        raise InvalidRequest(f"chat message role {excerpt(bad)} is not one of {', '.join(sorted(CHAT_ROLES))}")
+    # The rendered prompt is tokenized next: its text is bounded as Tokenize's is.
+    _bound("messages' content", sum(_utf8_len(m.content) for m in messages), config.MAX_TOKENIZE_BYTES, "bytes")
+
+
 def sampling(p: pb2.SamplingParams) -> SamplingParams:
     kw = {f: getattr(p, f) for f in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                                     "seed", "max_tokens") if p.HasField(f)}
@@ -112,30 +146,24 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             self.metrics.refusal(code.name)
         context.abort(code, str(e) if code != grpc.StatusCode.INTERNAL else f"internal error: {type(e).__name__}: {e}")
 
-    def _set_health(self, name: str, serving: bool) -> None:
-        if self.health:
-            s = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-            self.health.set(f"model/{name}", s)
-
     @_edge
     def LoadModel(self, request, context):
-        try:
-            path = allowed_model_path(request.path, self.models_dirs)
-        except OSError as e:  # a path component over NAME_MAX (ENAMETOOLONG) was INTERNAL
-            raise InvalidRequest(f"model path {request.path[:200]!r}: {e.strerror}") from None
-        name = request.name or _name_from(path)
         if request.matmul_path != pb2.MATMUL_PATH_AUTO and request.matmul_path not in PATHS:
             # proto3 enums are open: an unknown number silently meant "auto"
             raise InvalidRequest(f"matmul_path {request.matmul_path} is not one of AUTO, W16, MMQ, FUSED_B")
         keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else self.keep_alive
         opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep)
+        # Opened once, after the checks above (they hold no descriptor); the host reads through it.
+        source = open_model_source(request.path, self.models_dirs)
+        name = request.name or _name_from(str(source.path))
         yield pb2.LoadProgress(phase="planning")
         progress: queue.SimpleQueue = queue.SimpleQueue()
         box = {}
 
         def load():
+            lower_this_thread()  # parsing, tokenizer and upload are compute: status answers first
             try:
-                box["lm"] = self.host.load(name, path, opts, lambda ph, d, t: progress.put((ph, d, t)))
+                box["lm"] = self.host.load(name, source, opts, lambda ph, d, t: progress.put((ph, d, t)))
             except BaseException as e:
                 box["error"] = e
             progress.put(None)
@@ -149,14 +177,12 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
                 yield pb2.LoadProgress(phase=item[0], bytes_done=item[1], bytes_total=item[2])
         if "error" in box:
             raise box["error"]
-        self._set_health(name, True)
         yield pb2.LoadProgress(phase="ready", bytes_done=1, bytes_total=1,
                                model=model_info(self.host.model_info(box["lm"])))
 
     @_edge
     def UnloadModel(self, request, context):
         freed = self.host.unload(request.name)
-        self._set_health(request.name, False)
         return pb2.UnloadModelResponse(name=request.name, freed_bytes=freed)
 
     @_edge
@@ -191,12 +217,8 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Chat(self, request, context):
+        _check_chat(request.messages)
         lm = self.host.get(request.model)
-        if not request.messages:
-            raise InvalidRequest("chat has no messages")
-        bad = next((m.role for m in request.messages if m.role not in CHAT_ROLES), None)
-        if bad is not None:
-            raise InvalidRequest(f"chat message role {bad[:64]!r} is not one of {', '.join(sorted(CHAT_ROLES))}")
         msgs = [{"role": m.role, "content": m.content} for m in request.messages]
         text = lm.ws.tokenizer.render_chat(msgs)
         _check_text_fits(lm.ws.tokenizer, text, lm.ctx)
@@ -231,16 +253,22 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Tokenize(self, request, context):
+        _bound("text", _utf8_len(request.text), config.MAX_TOKENIZE_BYTES, "bytes")
         add = request.add_special if request.HasField("add_special") else True
         return pb2.TokenizeResponse(ids=self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add))
 
     @_edge
     def Detokenize(self, request, context):
+        _bound("ids", len(request.ids), config.MAX_DETOKENIZE_IDS, "ids")
         tok = self.host.get(request.model).ws.tokenizer
-        bad = [i for i in request.ids if not 0 <= i < tok.vocab_size]
+        ids = list(request.ids)
+        bad = [i for i in ids if not 0 <= i < tok.vocab_size]
         if bad:
             raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})")
-        return pb2.DetokenizeResponse(text=tok.decode(list(request.ids)))
+        # What one may tokenize one may detokenize: the answer is bounded as Tokenize's text is, and
+        # counted from the pieces' lengths before any of it is built.
+        _bound("ids", tok.decoded_bytes(ids), config.MAX_TOKENIZE_BYTES, "bytes of text", "would decode to")
+        return pb2.DetokenizeResponse(text=tok.decode(ids))
 
     @_edge
     def SetModelOptions(self, request, context):
@@ -258,35 +286,13 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Promote(self, request, context):
-        lm = self.host.get(request.name)
-        if lm.ws.plan.matmul_path != MatmulPath.W16 and not lm.ws.waiting_for_w16() and not lm.ws.w16_bytes():
-            raise Conflict(f"{request.name} was planned {lm.ws.plan.matmul_path.value}, not w16: nothing to promote")
-        if not self.host.promote(request.name) and not lm.ws.w16_bytes():
-            raise PoolExhausted(f"promoting {request.name}", lm.ws.plan.w16_bytes, self.host.ledger.free())
-        return model_info(self.host.model_info(lm))
+        self.host.promote(request.name)  # waits for requests in flight; PoolExhausted with the numbers
+        return model_info(self.host.model_info(self.host.get(request.name)))
 
 
 def _name_from(path: str) -> str:
     base = os.path.basename(path)
     return base[:-5] if base.endswith(".gguf") else base
-
-
-class TokenAuth(grpc.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on every call except health checks (Kubernetes'
-    gRPC probes send no metadata). The comparison takes constant time."""
-
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
-        self._deny = grpc.unary_unary_rpc_method_handler(
-            lambda req, ctx: ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token"))
-
-    def intercept_service(self, continuation, details):
-        if details.method.startswith("/grpc.health.v1.Health/"):
-            return continuation(details)
-        got = dict(details.invocation_metadata).get("authorization", "")
-        if hmac.compare_digest(got.encode(), self._expected):
-            return continuation(details)
-        return self._deny
 
 
 # A streaming Generate holds one of these threads for as long as it waits in its model's queue, and
@@ -310,5 +316,7 @@ def create_server(servicer: MinferdServicer, health_servicer, token: str | None 
     return server
 
 
-def new_health() -> health.HealthServicer:
-    return health.HealthServicer(experimental_non_blocking=True)
+def new_health(host: Host | None = None, token: str | None = None) -> GatedHealth:
+    """grpc.health.v1: overall entries open for probes, `model/<name>` read from `host` and asking
+    for `token` where one is set (minferd.auth)."""
+    return GatedHealth(host, token)

@@ -24,10 +24,13 @@ _CHILDREN: dict[int, subprocess.Popen] = {}  # daemons this process started: it 
 
 
 def start_daemon(workdir: Path, serve_args: list[str], timeout: float = 180.0) -> dict:
-    """`minferd serve` on workdir/d.sock, ready (health SERVING) on return: {address, pid, log}."""
+    """`minferd serve` on workdir/d.sock, ready (health SERVING) on return: {address, pid, log}.
+    It exits by itself when this process is gone, unless serve_args name another --parent-pid."""
     sock, log = Path(workdir) / "d.sock", Path(workdir) / "daemon.log"
     address = f"unix://{sock}"
     cmd = [sys.executable, "-m", "minferd.cli", "serve", "--listen", address, *serve_args]
+    if not any(a.split("=")[0] == "--parent-pid" for a in serve_args):
+        cmd += ["--parent-pid", str(os.getpid())]
     env = dict(os.environ)
     # The daemon runs this very minferd, wherever the test process happens to be run from.
     here = str(Path(minferd.__file__).resolve().parent.parent)

@@ -12,7 +12,8 @@ Under pytest-xdist the workers of a run share one daemon through a directory key
 id (PYTEST_XDIST_TESTRUNUID): the first worker to need a daemon starts it and writes its address
 there, the others read it, all under fcntl.flock; every worker marks itself done when its session
 ends and the last one stops the daemon. The controller stops it too if it is still up at the very
-end (a worker that crashed never marks itself done), and removes the directory.
+end (a worker that crashed never marks itself done), and removes the directory. A controller that
+never gets there (SIGKILL) leaves no daemon behind: the daemon watches its pid (--parent-pid).
 
 Models are loaded with the daemon's keep-alive, so under budget pressure an idle one may be
 evicted to make room for the next; a handle whose model is gone loads it again on its next call.
@@ -128,10 +129,16 @@ class DaemonSession:
         opt = self.config.getoption
         # minferd_shared_file writes under the run directory: always loadable, whatever the option says.
         dirs = [*(opt("minferd_models_dir") or self.default_models_dirs()), self.rundir.files()]
-        args = ["--budget", opt("minferd_budget"), "--device", opt("minferd_device")]
+        args = ["--budget", opt("minferd_budget"), "--device", opt("minferd_device"),
+                "--parent-pid", str(self.controller_pid())]
         for d in dict.fromkeys(str(Path(d).resolve()) for d in dirs):
             args += ["--models-dir", d]
         return args + list(opt("minferd_serve_arg"))
+
+    def controller_pid(self) -> int:
+        """The process whose death ends the run: a daemon still up then (pytest SIGKILLed, a
+        crashed controller) exits by itself. An xdist worker's parent is the controller."""
+        return os.getpid() if self.worker == "main" else os.getppid()
 
     def default_models_dirs(self) -> list[str]:
         import tempfile

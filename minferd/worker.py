@@ -11,6 +11,7 @@ import queue
 import threading
 
 from minferd.errors import Aborted, NotFound
+from minferd.priority import lower_this_thread
 
 
 class Job:
@@ -93,6 +94,7 @@ class ModelWorker:
         self.join()
 
     def _run(self) -> None:
+        lower_this_thread()
         while True:
             job = self._q.get()
             if job is None:

@@ -20,6 +20,7 @@ import numpy as np
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
+from minferd.priority import lower_this_thread
 
 # A row block's f32 dequant should stay cache-sized: about 1 MiB of floats.
 BLOCK_ELEMS = 1 << 18
@@ -63,7 +64,7 @@ class CpuBackend(Backend):
         self.threads = threads or os.cpu_count() or 1
         self.memory = memory or HostMemory()
         self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="minferd-cpu")
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="minferd-cpu", initializer=lower_this_thread)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)  # an unloaded model's threads went on living (60-110 after 150 unloads)

@@ -13,13 +13,21 @@ from minferd._proto import pb2, pb2_grpc
 
 
 class Daemon:
-    def __init__(self, tmp_path, *args, listen: str | None = None, wait: bool = True, token: str | None = None):
+    """token: passed as MINFERD_TOKEN (never in argv) and sent by load/status. cwd, umask: the
+    daemon's. env: more environment."""
+
+    def __init__(self, tmp_path, *args, listen: str | None = None, wait: bool = True, token: str | None = None,
+                 cwd=None, umask: int | None = None, env: dict | None = None, log_name: str = "daemon.log"):
         self.sock = str(tmp_path / "d.sock")
         self.address = listen or f"unix://{self.sock}"
-        self.log = tmp_path / "daemon.log"
+        self.log = tmp_path / log_name
         cmd = [sys.executable, "-m", "minferd.cli", "serve", "--listen", self.address, *map(str, args)]
-        self.proc = subprocess.Popen(cmd, stderr=open(self.log, "w"), stdout=subprocess.DEVNULL,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env.pop("MINFERD_TOKEN", None)
+        if token is not None:
+            full_env["MINFERD_TOKEN"] = token
+        self.proc = subprocess.Popen(cmd, stderr=open(self.log, "w"), stdout=subprocess.DEVNULL, env=full_env,
+                                     cwd=cwd, preexec_fn=None if umask is None else (lambda: os.umask(umask)))
         self.token = token
         if wait:
             self.wait_ready()

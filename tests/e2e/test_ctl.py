@@ -14,6 +14,7 @@ from minferd.model.synth import write_model
 from minferd.spawn import start_daemon, stop_daemon
 
 KEYS = {"name", "path", "matmul_path", "reason", "bytes", "ctx", "pinned"}
+LONG_CTX = 16384  # room for a generation no stall of the test machine can finish before its Ctrl-C
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,7 @@ def daemon(tmp_path_factory):
     models.mkdir()
     write_model(models / "qwen2.gguf", "qwen2", "tiny", "q8_0", seed=1)
     write_model(models / "llama.gguf", "llama", "tiny", "q4_0", seed=1)
+    write_model(models / "long.gguf", "qwen2", "tiny", "q8_0", seed=1, overrides={"ctx": LONG_CTX})
     (work / "outside.gguf").write_bytes((models / "llama.gguf").read_bytes())
     d = start_daemon(work, ["--models-dir", str(models), "--device", "cpu", "--budget", "512MiB"])
     yield SimpleNamespace(address=d["address"], models=models, work=work)
@@ -93,21 +95,34 @@ def test_prompt_ids_tokenize_detokenize(q):
     assert isinstance(text, str) and text
 
 
-def test_ctrl_c_cancels_generate_and_frees_the_model(q):
-    p = subprocess.Popen([sys.executable, "-m", "minferd.ctl", "--address", q.address, "generate", "q", "Hello",
-                          "--max-tokens", "1500", "--temperature", "0.8"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout.read(1), "no text before the end: not streamed"
-    assert p.poll() is None
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=20)
-    assert p.returncode == 130 and "Traceback" not in err
-    for _ in range(50):  # the daemon frees the slot as soon as it sees the cancel
-        m = next(m for m in json.loads(ctl(q.address, "status", "--json").stdout)["models"] if m["name"] == "q")
-        if not m["busy"]:
-            break
-        time.sleep(0.1)
-    assert not m["busy"] and m["tokens_generated"] < 1500 + 100
+def test_ctrl_c_cancels_generate_and_frees_the_model(daemon):
+    """It failed under load: 1500 tokens of the 2048-token model took 5 s (282 tok/s), so a test
+    process stalled that long between the first text and its SIGINT saw the generation finish
+    (exit 0, not 130); and `tokens_generated < 1600` counted the earlier tests' tokens too, so it
+    passed a generation that ran to its end. Now the generation runs for minutes unless cut (16284
+    tokens, seeded: no early stop), its tokens are counted on a model of its own, and the waits are
+    deadlines."""
+    from minferd.client import Client
+    ctl(daemon.address, "load", daemon.models / "long.gguf", "--name", "long", "--ctx", LONG_CTX, "-q")
+    c = Client(daemon.address, timeout=30)
+    want = LONG_CTX - 100
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "minferd.ctl", "--address", daemon.address, "generate", "long",
+                              "Hello", "--max-tokens", str(want), "--temperature", "0.8", "--seed", "5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.read(1), "no text before the end: not streamed"
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 130 and "Traceback" not in err, err
+        deadline = time.monotonic() + 30  # the daemon frees the slot as soon as it sees the cancel
+        while (m := next(m for m in c.models() if m["name"] == "long"))["busy"]:
+            assert time.monotonic() < deadline, "still busy 30 s after the client's Ctrl-C"
+            time.sleep(0.05)
+        assert 0 < m["tokens_generated"] < want // 2, m["tokens_generated"]  # cut far short of its end
+    finally:
+        ctl(daemon.address, "unload", "long")
+        c.close()
 
 
 def test_pin_keep_alive_demote_promote(q):
@@ -152,14 +167,19 @@ def test_no_daemon_is_unavailable(tmp_path):
     assert p.stderr.startswith(f"minferctl: UNAVAILABLE: cannot reach minferd at {address} ")
 
 
-def test_token(tmp_path):
+def test_token(tmp_path, monkeypatch):
+    """The token reaches both sides outside argv: MINFERD_TOKEN, or minferctl --token-file."""
     (tmp_path / "m").mkdir()
-    d = start_daemon(tmp_path, ["--models-dir", str(tmp_path / "m"), "--device", "cpu", "--budget", "64MiB",
-                                "--token", "s3cret"])
+    token = "s3cret-" + "0123456789abcdef"
+    monkeypatch.setenv("MINFERD_TOKEN", token)
+    d = start_daemon(tmp_path, ["--models-dir", str(tmp_path / "m"), "--device", "cpu", "--budget", "64MiB"])
+    monkeypatch.delenv("MINFERD_TOKEN")
     try:
         p = ctl(d["address"], "status", ok=False)
         assert p.returncode == 1 and p.stderr.startswith("minferctl: UNAUTHENTICATED: ")
-        assert json.loads(ctl(d["address"], "--token", "s3cret", "status", "--json").stdout)["models"] == []
+        (tmp_path / "token").write_text(token + "\n")
+        out = ctl(d["address"], "--token-file", tmp_path / "token", "status", "--json").stdout
+        assert json.loads(out)["models"] == []
     finally:
         stop_daemon(d["pid"])
 

@@ -22,7 +22,7 @@ def test_load_brief(tmp_path, capsys):
     g = r["generate"]
     assert g["requests"] > 0 and g["tokens"] > 0 and len(g["per_model"]) == 2  # both models served
     assert g["ttft"]["p50_ms"] <= g["total"]["p50_ms"]
-    busy = r["status"]["busy"]
+    busy = r["status"]["probe_busy"]  # the prober's, from a process of its own
     assert busy["n"] > 0  # status was asked while a model was busy
     assert busy["p99_ms"] < 2000, busy  # generous: a shared 2-core CI machine
-    assert "status (while busy)" in table and "errors    0" in table
+    assert "status, prober, busy" in table and "errors    0" in table

@@ -159,17 +159,18 @@ def test_token_auth(tmp_path, models):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    d = Daemon(tmp_path, "--models-dir", models, "--token", "s3cret", listen=f"127.0.0.1:{port}")
+    token = "s3cret-0123456789abcdef"
+    d = Daemon(tmp_path, "--models-dir", models, token=token, listen=f"127.0.0.1:{port}")  # MINFERD_TOKEN
     try:
         stub = d.stub()
         code, _ = code_of(lambda: stub.GetStatus(pb2.GetStatusRequest()))
         assert code == grpc.StatusCode.UNAUTHENTICATED
         code, _ = code_of(lambda: stub.GetStatus(pb2.GetStatusRequest(), metadata=(("authorization", "Bearer x"),)))
         assert code == grpc.StatusCode.UNAUTHENTICATED
-        assert stub.GetStatus(pb2.GetStatusRequest(), metadata=(("authorization", "Bearer s3cret"),)).pool.device
+        assert stub.GetStatus(pb2.GetStatusRequest(), metadata=(("authorization", f"Bearer {token}"),)).pool.device
         h = health_pb2_grpc.HealthStub(d.channel())  # probes need no token
         assert h.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
-        assert "s3cret" not in d.log.read_text()
+        assert token not in d.log.read_text()
     finally:
         assert d.stop() == 0
 
@@ -212,12 +213,15 @@ def test_tls(tmp_path, models):
                     "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
                    check=True, capture_output=True)
     port = _free_port()
-    d = Daemon(tmp_path, "--models-dir", models, "--tls-cert", cert, "--tls-key", key, listen=f"127.0.0.1:{port}")
+    token = "tls-token-0123456789abcdef"  # TLS alone lets anyone in: refused without a token or client CA
+    d = Daemon(tmp_path, "--models-dir", models, "--tls-cert", cert, "--tls-key", key, listen=f"127.0.0.1:{port}",
+               token=token)
     try:
         creds = grpc.ssl_channel_credentials(cert.read_bytes())
         ch = grpc.secure_channel(f"localhost:{port}", creds)
         from minferd._proto import pb2_grpc
-        assert pb2_grpc.MinferdStub(ch).GetStatus(pb2.GetStatusRequest(), timeout=30).pool.device == "cpu"
+        assert pb2_grpc.MinferdStub(ch).GetStatus(pb2.GetStatusRequest(), timeout=30,
+                                                  metadata=(("authorization", f"Bearer {token}"),)).pool.device == "cpu"
         plain = pb2_grpc.MinferdStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         assert code_of(lambda: plain.GetStatus(pb2.GetStatusRequest(), timeout=5))[0] == grpc.StatusCode.UNAVAILABLE
     finally:

@@ -61,7 +61,7 @@ def test_manifests_agree_with_each_other_and_the_api():
     assert c["livenessProbe"]["grpc"] == {"port": 50051, "service": ""}
     assert c["readinessProbe"]["grpc"]["service"] == pb2.DESCRIPTOR.services_by_name["Minferd"].full_name
     cmd = " ".join(c["command"] + c["args"])
-    assert "--listen 0.0.0.0:50051" in cmd and "--metrics-port 9464" in cmd
+    assert "--listen 0.0.0.0:50051" in cmd and "--metrics-listen 0.0.0.0:9464" in cmd
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     token_file = re.search(r"--token-file (\S+)", cmd).group(1)
     assert token_file.startswith(mounts["token"]["mountPath"] + "/")
