@@ -15,13 +15,13 @@ from minferd.priority import lower_this_thread
 
 
 class Job:
-    def __init__(self, fn):
+    def __init__(self, fn, on_done=None):
         self.fn = fn
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
-        self.on_done = None
+        self.on_done = on_done
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -49,9 +49,9 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, fn) -> Job:
-        """Queue fn(job); returns the job at once."""
-        job = Job(fn)
+    def submit(self, fn, on_done=None) -> Job:
+        """Queue fn(job); returns the job at once. on_done() runs on the worker when it ends."""
+        job = Job(fn, on_done)
         with self._lock:
             if self._closed:
                 raise NotFound(f"model {self.name!r} is being unloaded")
