@@ -417,9 +417,9 @@ def vm(d, field) -> int:  # kB
 
 
 def amplifying_inputs(d, k):
-    """100 KB names in Load/Unload/Generate, 300k-component and 1 MB paths, Detokenize 3.5M ids, Tokenize 6 MB,
+    """100 KB names in Load/Unload/Generate, 300k-component and 1 MB paths, Detokenize 3.5M ids, Tokenize 4 MB of digits and 6 MB,
     Generate 12 MB of text or 1M ids, 15 stop strings of 1 MB, 17 stop strings, Chat of 5000 / 4000 x 1 KB
-    messages, a 17 MB message | typed refusals (the 1 MB stops may run) within 5 s, messages under 2000 chars"""
+    messages, a 17 MB message, gzip bombs of 15 and 40 MB | typed refusals (the 1 MB stops may run) within 5 s, messages under 2000 chars"""
     name, hi = "n" * 100_000, [pb2.ChatMessage(role="user", content="hi")]
     for what, fn, allowed in (
             ("LoadModel name 100 KB", lambda: d.load(name, "q.gguf"), INV),
@@ -428,6 +428,9 @@ def amplifying_inputs(d, k):
             ("path of 300k components", lambda: d.load("p", "/a" * 300_000), INV),
             ("path of 1 MB", lambda: d.load("p", "x" * 1_000_000), INV),
             ("Detokenize 3.5M ids", lambda: d.rpc("Detokenize", model="q", ids=[5] * 3_500_000), INV),
+            # 4M ids answer in > 4 MiB, past gRPC's default client limit (minferd.client's too): RESOURCE_EXHAUSTED
+            ("Tokenize 4 MB of digits", lambda: len(d.rpc("Tokenize", 60, model="q", text="1" * (4 << 20)).ids),
+             {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}),
             ("Tokenize 6 MB", lambda: d.rpc("Tokenize", model="q", text="ab " * 2_000_000), INV),
             ("Generate 12 MB text", lambda: d.gen("q", "ab " * 4_000_000), INV),
             ("Generate 1M ids", lambda: d.rpc("Generate", model="q", ids=pb2.TokenIds(ids=[5] * 1_000_000),
@@ -437,8 +440,13 @@ def amplifying_inputs(d, k):
             ("Chat 5000 messages", lambda: d.rpc("Chat", model="q", messages=hi * 5000, sampling=SP(max_tokens=2)), INV),
             ("Chat 4000 x 1 KB", lambda: d.rpc("Chat", model="q", messages=[pb2.ChatMessage(role="user", content="w " * 500)]
                                                * 4000, sampling=SP(max_tokens=2)), {"OK", "INVALID_ARGUMENT"}),
-            ("17 MB message", lambda: d.rpc("Tokenize", model="q", text="a" * (17 << 20)), {"RESOURCE_EXHAUSTED"})):
-        k.expect(what, attempt(fn), allowed, within=5.0)
+            ("17 MB message", lambda: d.rpc("Tokenize", model="q", text="a" * (17 << 20)), {"RESOURCE_EXHAUSTED"}),
+            ("gzip: 15 MB in 15 KB", lambda: d.stub.Tokenize(pb2.TokenizeRequest(model="q", text="\0" * (15 << 20)),
+                                                           metadata=d.md, timeout=10, compression=grpc.Compression.Gzip), INV),
+            ("gzip: 40 MB in 40 KB", lambda: d.stub.Tokenize(pb2.TokenizeRequest(model="q", text="\0" * (40 << 20)),
+                                                           metadata=d.md, timeout=10, compression=grpc.Compression.Gzip),
+             {"RESOURCE_EXHAUSTED"})):
+        k.expect(what, attempt(fn), allowed, within=30.0 if "digits" in what else 5.0)
 
 
 def socket_rules(d, k):
@@ -616,7 +624,8 @@ def streams_pending(d, k):
 
 
 def never_reading(d, k):
-    """two Generate streams (150 tokens) on a 1 KB flow-control window whose client reads one event and stops |
+    """a Generate stream (400 tokens) on a 1 KB flow-control window whose client reads one event and stops (its
+    handler then waits in grpc's _send_response) |
     the model's worker is not blocked (it goes idle, serves another Generate); UnloadModel returns within 2 s;
     threads back after the client goes"""
     d.load("nr", "q.gguf", ctx=1024)
@@ -624,7 +633,7 @@ def never_reading(d, k):
     slow = grpc.insecure_channel(d.address, options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0),
                                                      ("grpc.use_local_subchannel_pool", 1)])
     its = [pb2_grpc.MinferdStub(slow).Generate(pb2.GenerateRequest(model="nr", text="hi", sampling=SP(
-        max_tokens=150, temperature=1.5)), metadata=d.md, timeout=60) for _ in range(2)]
+        max_tokens=400, temperature=1.5)), metadata=d.md, timeout=60)]
     next(its[0])
     k.expect("Generate beside the non-reader", attempt(lambda: d.gen("nr", n=4)), OK, within=20)
     end = time.monotonic() + 15
@@ -787,16 +796,19 @@ def bad_token_ids(d, k):
 
 
 def health_watch_storm(d, k):
-    """(a daemon of its own, no token) up to 3 rounds of 40 health Watch streams on model/q, opened then cancelled |
+    """(a daemon of its own, no token) up to 8 rounds of 40 health Watch streams on model/q, opened then cancelled |
     GetStatus answers within 0.5 s afterwards; SIGTERM still stops the daemon"""
     w = Daemon(TMP / "watch", ["--models-dir", M, "--budget", "256MiB", "--drain-seconds", "2"], token=None)
     try:
         w.load("q", "q.gguf", ctx=64)
-        for rnd in range(3):
+        for rnd in range(8):
             ws = [w.health.Watch(health_pb2.HealthCheckRequest(service="model/q"), timeout=30) for _ in range(40)]
             for x in ws:
                 x.cancel()
             if k.expect(f"GetStatus after round {rnd}", attempt(lambda: w.status(timeout=2)), OK, within=STALL) != "OK":
+                spy = shutil.which("py-spy") or str(Path(PY).with_name("py-spy"))  # where each thread waits
+                dump = subprocess.run([spy, "dump", "--pid", str(w.pid)], capture_output=True, text=True, timeout=30)
+                k.bad += [f"py-spy: {ln.strip()}" for ln in dump.stdout.splitlines() if "auth.py" in ln][:3]
                 break
         os.kill(w.pid, signal.SIGTERM)
         end = time.monotonic() + 10
@@ -826,6 +838,19 @@ def metrics_idle_connections(d, k):
         c.close()
     time.sleep(1.0)
     k.check(mid - t0 <= 32, f"100 idle /metrics connections -> {mid - t0} more daemon threads ({d.threads()} after)")
+
+
+def metrics_series_of_unloaded(d, k):
+    """100 names each loaded, used by one Generate and unloaded; then /metrics with the token | no series left for
+    the unloaded names (what /metrics holds stays bounded by what is loaded)"""
+    for i in range(100):
+        d.load(f"m{i:03d}", "q.gguf", ctx=32)
+        d.gen(f"m{i:03d}", n=1)
+        d.rpc("UnloadModel", name=f"m{i:03d}")
+    code, body = http_get(f"http://127.0.0.1:{METRICS}/metrics", {"Authorization": f"Bearer {TOKEN}"})
+    left = sum(f'model="m{i:03d}"'.encode() in body for i in range(100))
+    k.check(code == 200 and left == 0, f"/metrics (HTTP {code}, {len(body)} bytes) keeps series of {left} of the 100 "
+            "unloaded names")
 
 
 def socket_garbage(d, k):
@@ -874,7 +899,7 @@ ISSUE = [reaper_unload_race, truncate_during_load, symlink_swap, transport_rules
          same_file_200_names, cli_rules]
 BEYOND = [streams_abandoned, streams_pending, never_reading, deadlines_1ms, keep_alive_values, sampling_extremes,
           load_unload_storm, reflection_token, metadata_16k, special_files, hard_link, utf8_edges, bad_token_ids,
-          health_watch_storm, metrics_idle_connections, socket_garbage, odd_fields]
+          health_watch_storm, metrics_idle_connections, metrics_series_of_unloaded, socket_garbage, odd_fields]
 BASE = ("q", "l")  # loaded for the whole sweep, kept forever
 
 
@@ -948,6 +973,7 @@ def main(argv=None) -> int:
     TMP = Path(tempfile.mkdtemp(prefix="mhs-", dir="/tmp"))  # short: unix socket paths
     M, O, METRICS = TMP / "models", TMP / "outside", free_port()
     t_start, results = time.monotonic(), []
+    head = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     make_files()
     d, probe = main_daemon()
     threads0 = None
@@ -987,10 +1013,10 @@ def main(argv=None) -> int:
     for r in results:
         print(f"\n[{r['verdict']}] {r['class']}\n  tried:    {r['tried']}\n  expected: {r['expected']}\n  got:      {r['got']}")
     fails = [r["class"] for r in results if r["verdict"] == "FAIL"]
-    print(f"\n{len(results) - len(fails)} PASS, {len(fails)} FAIL in {time.monotonic() - t_start:.0f} s"
+    print(f"\n{head}: {len(results) - len(fails)} PASS, {len(fails)} FAIL in {time.monotonic() - t_start:.0f} s"
           + (f": {', '.join(fails)}" if fails else ""))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"commit": head, "results": results}, indent=1))
     return 1 if fails else 0
 
 

@@ -114,8 +114,11 @@ class GatedHealth(health.HealthServicer):
             return super().Watch(request, context, send_response_callback)
         self._authorize(context)
         status = SERVING if self._serving(request.service) else UNKNOWN
+        # Never send under _watch_lock: in gRPC's non-blocking mode a send completes on the
+        # server's one event thread, which may be waiting for that lock in gone() (40 watchers
+        # cancelled at once wedged the whole daemon, SIGTERM included).
+        send_response_callback(health_pb2.HealthCheckResponse(status=status))
         with self._watch_lock:
-            send_response_callback(health_pb2.HealthCheckResponse(status=status))
             self._model_watchers[send_response_callback] = (request.service, status)
             if self._poller is None:
                 self._poller = threading.Thread(target=self._poll, name="minferd-health-watch", daemon=True)
@@ -124,7 +127,7 @@ class GatedHealth(health.HealthServicer):
         def gone():
             with self._watch_lock:
                 self._model_watchers.pop(send_response_callback, None)
-                send_response_callback(None)
+            send_response_callback(None)
         context.add_callback(gone)
         return None
 
@@ -135,8 +138,11 @@ class GatedHealth(health.HealthServicer):
             with self._watch_lock:
                 watched = {service for service, _ in self._model_watchers.values()}
             now = {service: SERVING if self._serving(service) else UNKNOWN for service in watched}
-            with self._watch_lock:  # sends under the lock, as the base class's set() does: never after gone()
+            sends = []
+            with self._watch_lock:
                 for send, (service, last) in list(self._model_watchers.items()):
                     if service in now and now[service] != last:
                         self._model_watchers[send] = (service, now[service])
-                        send(health_pb2.HealthCheckResponse(status=now[service]))
+                        sends.append((send, now[service]))
+            for send, status in sends:  # outside the lock (see Watch); one gone meanwhile drops it
+                send(health_pb2.HealthCheckResponse(status=status))
