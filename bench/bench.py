@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from minferd.model.generate import prefill
+from minferd.model.generate import decode_one, prefill
 from minferd.model.loader import load_local
 
 
@@ -41,16 +41,17 @@ def bench_prefill(lm, n_tokens: int, reps: int) -> list[float]:
     return out
 
 
-def bench_decode(lm, n_tokens: int, reps: int) -> list[float]:
+def bench_decode(lm, n_tokens: int, reps: int, depth: int = 0) -> list[float]:
+    """tok/s of n_tokens decoded one at a time after a prompt of `depth` tokens (llama-bench -d)."""
     be, s = lm.model.be, lm.spec
     out = []
     for r in range(reps):
-        cache = lm.model.new_cache(be.untracked(), n_tokens + 1)
-        ids = _tokens(n_tokens + 1, s.n_vocab, 100 + r)
-        prefill(lm.model, ids[:1], cache)
+        cache = lm.model.new_cache(be.untracked(), depth + n_tokens + 1)
+        ids = _tokens(depth + n_tokens + 1, s.n_vocab, 100 + r)
+        prefill(lm.model, ids[:depth + 1], cache)
         t = time.perf_counter()
-        for tok in ids[1:]:
-            be.to_host(be.decode(lm.model, int(tok), cache))
+        for tok in ids[depth + 1:]:
+            be.to_host(decode_one(lm.model, int(tok), cache))
         out.append(n_tokens / (time.perf_counter() - t))
         be.free(cache)
     return out
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("-p", default="128", help="prompt lengths, comma-separated")
     ap.add_argument("-n", type=int, default=32, help="tokens to decode")
     ap.add_argument("-r", type=int, default=3, help="repeats")
+    ap.add_argument("-d", default="0", help="decode depths: tokens of prompt before the timed ones, comma-separated")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     ap.add_argument("--ctx", type=int, default=None, help="context the scratch is sized for")
@@ -77,22 +79,23 @@ def main(argv=None) -> int:
     rows = []
     for spec in args.paths.split(","):
         path, _, kernel = spec.partition("@")  # mmq@tiles: the mmq plan, every prefill matmul on tiles
-        ctx = args.ctx or max([int(p) for p in args.p.split(",") if p] + [args.n + 1])
+        depths = [int(d) for d in args.d.split(",") if d]
+        ctx = args.ctx or max([int(p) for p in args.p.split(",") if p] + [max(depths) + args.n + 1])
         lm = load_local(args.model, path, args.threads, args.device, ctx)
         lm.model.be.prefill_kernel = kernel or None
         mem = held_bytes(lm)
-        tests = [(f"pp{p}", bench_prefill, int(p)) for p in args.p.split(",") if p] + \
-                ([(f"tg{args.n}", bench_decode, args.n)] if args.n else [])
-        for name, fn, n in tests:
+        tests = [(f"pp{p}", bench_prefill, int(p), ()) for p in args.p.split(",") if p] + \
+                [(f"tg{args.n}" + (f"@d{d}" if d else ""), bench_decode, args.n, (d,)) for d in depths if args.n]
+        for name, fn, n, more in tests:
             # warm-up: a prefill of the same length (its kernels, cuBLAS plans and arena chunks
             # are first used there; a short one ran the mat-vec path and left pp512's first rep cold)
-            fn(lm, n if fn is bench_prefill else min(n, 8), 1)
-            ts = fn(lm, n, args.r)
+            fn(lm, n if fn is bench_prefill else min(n, 8), 1, *more)
+            ts = fn(lm, n, args.r, *more)
             rows.append({"model": lm.file.path.name, "path": spec, "test": name,
                          "tok_s_median": statistics.median(ts), "tok_s_min": min(ts), "tok_s_max": max(ts),
                          "load_ms": lm.load_ms, "bytes": mem, "threads": getattr(lm.model.be, "threads", None)})
             r = rows[-1]
-            print(f"| {r['model']} | {spec:11s} | {name:6s} | {r['tok_s_median']:9.2f} "
+            print(f"| {r['model']} | {spec:11s} | {name:10s} | {r['tok_s_median']:9.2f} "
                   f"({r['tok_s_min']:.2f}..{r['tok_s_max']:.2f}) | load {lm.load_ms:7.0f} ms | "
                   f"weights {mem['weights'] / 2**20:7.1f} MiB w16 {mem['w16'] / 2**20:7.1f} MiB |", flush=True)
     if args.json:

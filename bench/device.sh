@@ -9,6 +9,8 @@
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
+#   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
+#            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -70,4 +72,20 @@ if [ "$stage" = verify ]; then
     --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -12
   wait $build && /tmp/llama/build/bin/llama-bench -m /tmp/q7b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
     2>&1 | tee "$OUT/llama-bench.log" | tail -8
+fi
+if [ "$stage" = serve ]; then
+  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  timeout -s INT ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
+    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  q7b
+  python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512 -n 128 -d 0,4096,16384 -r 3 \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -8
+  timeout 300 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients ${CLIENTS:-1,4,16,64} --prompt-tokens 512 \
+    --gen-tokens 128 --shared-prefix 2000 --json "$OUT/serve.json" 2>&1 | tee "$OUT/serve.log" | tail -20
+  if wait $build; then
+    L=/tmp/llama/build/bin
+    $L/llama-bench -m /tmp/q7b.gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,4096,16384 -r 3 2>&1 | tee "$OUT/llama-bench.log" | tail -6
+    $L/llama-batched-bench -m /tmp/q7b.gguf -ngl 99 -fa on -c 50000 -b 2048 -ub 512 -npp 512 -ntg 128 \
+      -npl 1,4,16,64 2>&1 | tee "$OUT/llama-batched.log" | tail -8
+  fi
 fi

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from minferd.model.generate import decode_one
 from minferd.model.loader import load_local
 
 OPS = ("matmul", "embed", "rmsnorm", "rope", "kv_write", "attention", "swiglu", "gelu_gate")
@@ -43,11 +44,11 @@ def run_once(lm, ids, ctx: int):
     cache = m.new_cache(be.untracked(), ctx)
     if len(ids) == 1:
         m.forward(ids[:1], cache)
-        be.to_host(be.decode(m, int(ids[0]), cache))  # captures the graph
+        be.to_host(decode_one(m, int(ids[0]), cache))  # captures the graph
 
         def step():
             cache.n_tokens = 1
-            return be.to_host(be.decode(m, int(ids[0]), cache))
+            return be.to_host(decode_one(m, int(ids[0]), cache))
     else:
         def step():
             cache.n_tokens = 0

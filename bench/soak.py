@@ -61,7 +61,7 @@ def run(n_ops: int = 1000, seed: int = 0, over: float = 1.7, folder: Path | None
     traits = cpu_traits(1)
     total = sum(estimate(open_model_file(p), traits, max(CTXS)).total(False) for p in paths[:-1])
     mem = HostMemory()
-    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, int(total / over), w16_min_bytes=0)
+    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, int(total / over), w16_min_bytes=0, default_parallel=1)
     counts, refusals = collections.Counter(), collections.Counter()
     names = [f"m{i}" for i in range(6)]
     t0 = time.perf_counter()

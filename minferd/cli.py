@@ -11,6 +11,7 @@ import math
 import sys
 
 from minferd.argtypes import UINT64, TokenFlagGone, int_in, real_in
+from minferd.config import MAX_RUNNING_SEQS
 from minferd.errors import InvalidRequest, MinferdError
 
 
@@ -162,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", default=None, help="allow plain TCP on loopback")
     p.add_argument("--keep-alive", type=real_in(-math.inf), default=None,
                    help="default seconds an idle model stays (300; 0 unloads when idle, negative keeps forever)")
+    p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
+                   help="a load's KV holds this many full contexts unless it asks for a size (default 1)")
     p.add_argument("--w16-min-bytes", type=int_in(0, UINT64), default=None,
                    help="models with fewer quantized matmul bytes never get an f16 copy (default 2 GiB)")
     p.add_argument("--threads", type=int_in(1, 4096), default=None,
@@ -181,6 +184,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-path", default="auto", choices=["auto", "w16", "mmq", "fused_b"])
     p.add_argument("--w16-min-bytes", type=int, default=2 << 30, help="the W16 size gate (default 2 GiB)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
+                   help="KV for this many full contexts (default 1)")
+    p.add_argument("--kv-tokens", type=int_in(1, UINT64), default=None, help="KV positions for all sequences together")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 

@@ -32,7 +32,8 @@ def model_dict(m) -> dict:
             "keep_alive_seconds": m.keep_alive_seconds, "keep_alive_left_seconds": m.keep_alive_left_seconds,
             "last_used_unix": m.last_used_unix, "loaded_unix": m.loaded_unix, "requests": m.requests,
             "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy,
-            "waiting_for_w16": m.waiting_for_w16}
+            "waiting_for_w16": m.waiting_for_w16,
+            "engine": {f.name: getattr(m.engine, f.name) for f in m.engine.DESCRIPTOR.fields}}
 
 
 def status_dict(s) -> dict:
@@ -85,10 +86,10 @@ class Client:
         return [model_dict(m) for m in self._unary(self.stub.ListModels, self.pb.ListModelsRequest()).models]
 
     def load(self, path: str, name: str = "", ctx: int = 0, matmul_path: str = "auto", pinned: bool = False,
-             keep_alive: float | None = None, on_progress=None) -> dict:
+             keep_alive: float | None = None, on_progress=None, parallel: int = 0, kv_tokens: int = 0) -> dict:
         """on_progress(phase, bytes_done, bytes_total); returns the loaded model."""
         req = self.pb.LoadModelRequest(name=name or "", path=str(path), ctx=ctx or 0, pinned=pinned,
-                                       matmul_path=PATHS[matmul_path])
+                                       matmul_path=PATHS[matmul_path], parallel=parallel, kv_tokens=kv_tokens)
         if keep_alive is not None:
             req.keep_alive_seconds = keep_alive
         last = self._stream(self.stub.LoadModel, req,

@@ -9,6 +9,10 @@ from minferd.errors import InvalidRequest, excerpt
 
 # ---- one home for each constant ------------------------------------------------------------
 DEFAULT_CTX = 4096  # a load's KV length when it asks for none (capped at the model's training context)
+KV_BLOCK_TOKENS = 32  # positions per KV block: the unit of paging and of prefix reuse
+DEFAULT_PARALLEL = 1  # a load's KV holds this many full contexts when it asks for no size (Ollama's NUM_PARALLEL):
+# paged, one context of KV serves any number of shorter requests at once
+MAX_RUNNING_SEQS = 256  # sequences one model decodes at once (the largest decode-graph bucket)
 DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays; 0 unloads when idle, negative keeps forever
 W16_MIN_BYTES = 2 << 30  # the seeds' W16_ENABLE_BYTES: smaller models keep their quantized footprint
 # SIGTERM: how long in-flight requests may run on before the daemon exits. deploy/ gives the
@@ -75,6 +79,7 @@ class ServeConfig:
     token_file: str | None = None
     insecure: bool = False
     keep_alive: float = DEFAULT_KEEP_ALIVE
+    parallel: int = DEFAULT_PARALLEL
     w16_min_bytes: int = W16_MIN_BYTES
     threads: int | None = None
     max_message_bytes: int = 16 << 20
@@ -101,7 +106,7 @@ class ServeConfig:
 
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int,
         "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
-        "tls_client_ca": str, "keep_alive": float, "w16_min_bytes": int, "threads": int,
+        "tls_client_ca": str, "keep_alive": float, "parallel": int, "w16_min_bytes": int, "threads": int,
         "drain_seconds": float}
 
 

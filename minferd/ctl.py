@@ -58,15 +58,27 @@ def plan_text(m: dict) -> str:
     return m["matmul_path"] + ("*" if demoted else "^" if m.get("waiting_for_w16") else "")
 
 
+def seqs_text(m: dict) -> str:
+    """Sequences running, and waiting after a +."""
+    e = m.get("engine") or {}
+    return f"{e.get('running', 0)}" + (f"+{e['waiting']}" if e.get("waiting") else "")
+
+
+def blocks_text(m: dict) -> str:
+    """KV blocks held by sequences / all (cached ones count as free: they are reused on demand)."""
+    e = m.get("engine") or {}
+    return f"{e.get('blocks_used', 0)}/{e.get('blocks_total', 0)}"
+
+
 def status_table(st: dict, now: float | None = None) -> str:
     now = time.time() if now is None else now
-    head = ("NAME", "PATH", "PLAN", "WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "PINNED", "KEEP-ALIVE",
-            "LAST USED", "REQS", "TOKENS")
+    head = ("NAME", "PATH", "PLAN", "WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "SEQS", "BLOCKS", "PINNED",
+            "KEEP-ALIVE", "LAST USED", "REQS", "TOKENS")
     rows = [(m["name"], os.path.basename(m["path"]), plan_text(m), *(human_bytes(m["bytes"][k]) for k in KINDS),
-             str(m["ctx"]), "yes" if m["pinned"] else "-", keep_alive_text(m), last_used_text(m, now),
+             str(m["ctx"]), seqs_text(m), blocks_text(m), "yes" if m["pinned"] else "-", keep_alive_text(m), last_used_text(m, now),
              str(m["requests"]), str(m["tokens_generated"])) for m in st["models"]]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    right = {3, 4, 5, 6, 7, 11, 12}  # numbers line up on the right
+    right = {3, 4, 5, 6, 7, 8, 9, 13, 14}  # numbers line up on the right
     lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in [head, *rows]]
     if not rows:
@@ -150,7 +162,8 @@ def model_argument(arg: str) -> str:
 def cmd_load(c: Client, args) -> int:
     bar = None if args.quiet else ProgressBar()
     try:
-        m = c.load(model_argument(args.path), args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar)
+        m = c.load(model_argument(args.path), args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar,
+                   args.parallel, args.kv_tokens)
     finally:
         if bar:
             bar.close()
@@ -282,6 +295,10 @@ def parser() -> argparse.ArgumentParser:
     p = add("load", cmd_load, "load a GGUF file (a path under --models-dir or a bare name)", "path")
     p.add_argument("--name", default="", help="the name requests use (default: from the file name)")
     p.add_argument("--ctx", type=int_in(1, UINT32), default=0, help="context length (default: the daemon's)")
+    p.add_argument("--parallel", type=int_in(1, UINT32), default=0,
+                   help="KV for this many full contexts (default: the daemon's --parallel)")
+    p.add_argument("--kv-tokens", type=int_in(1, UINT32), default=0,
+                   help="KV positions for all sequences together (wins over --parallel)")
     p.add_argument("--matmul-path", default="auto", choices=list(PATHS))
     p.add_argument("--pin", action="store_true", help="never evict it to make room")
     p.add_argument("--keep-alive", type=parse_seconds, help="idle time before it may be unloaded (5m, forever)")

@@ -20,6 +20,7 @@ class MatmulPath(str, enum.Enum):
 
 
 CUDA_MAX_BATCH = 2048
+DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
 DEQUANT_ROWS = 4096  # rows per temporary f16 tile when a model without W16 prefills through cuBLAS
 
@@ -56,8 +57,13 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     else:
         attn = spec.n_heads * n * ctx * f32 + 2 * ctx * spec.kv_dim * (f16 + f32) + n * spec.q_dim * 4 * f32
     tile = DEQUANT_ROWS * widest * f16 + n * DEQUANT_ROWS * (f16 + f32)
+    attn += 2 * ctx * spec.kv_dim * f16  # a prefill sequence's keys and values, gathered from their blocks
     logits = LOGITS_ROWS * spec.n_vocab * (f16 + 2 * f32)
-    decode = 64 * spec.hidden * f32 + 32 * spec.q_dim * 2 * f32 + 2 * spec.n_vocab * f32
+    # Decode graphs, one per batch bucket (1 .. 256 sequences, 511 rows in all), each keeping its
+    # activations, logits and attention partials for good.
+    row = 6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32 + spec.ffn * (3 * f32 + 2 * f16)
+    partials = DECODE_PARTIAL_ROWS * spec.q_dim * f32 + (2 << 20)
+    decode = 511 * (row + spec.n_vocab * f32 + 2 * spec.hidden) + 9 * partials
     total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20)
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 

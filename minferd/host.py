@@ -17,30 +17,30 @@ workers between requests. Every buffer comes from the allocator tagged
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
 
 from minferd import report
-from minferd.config import W16_MIN_BYTES
+from minferd.config import DEFAULT_PARALLEL, W16_MIN_BYTES
 from minferd.devices import DeviceTraits
 from minferd.errors import Conflict, MinferdError, NotFound, excerpt
 from minferd.host_load import LoadMixin, LoadOptions  # noqa: F401 (LoadOptions: callers import it from here)
 from minferd.host_w16 import W16Mixin
 from minferd.loaded import LoadedModel, WeightSet
-from minferd.model.generate import GenerationResult, generate
+from minferd.engine.sequence import Sequence
+from minferd.model.generate import GenerationResult, check_prompt
 from minferd.model.sampler import SamplingParams
 from minferd.pool import admission
 from minferd.pool.allocator import Allocator
 from minferd.pool.ledger import Ledger
-from minferd.worker import Job
 
 
 class Host(LoadMixin, W16Mixin):
     def __init__(self, backend_factory, device_memory, traits: DeviceTraits, capacity: int,
-                 w16_min_bytes: int = W16_MIN_BYTES, device: str = "cpu"):
+                 w16_min_bytes: int = W16_MIN_BYTES, device: str = "cpu", default_parallel: int = DEFAULT_PARALLEL):
         """backend_factory(matmul_path=...) -> a fresh backend (one per model) over `device_memory`."""
         self.backend_factory, self.traits, self.device = backend_factory, traits, device
+        self.default_parallel = default_parallel  # a load's KV: this many contexts, unless it says
         self.w16_min_bytes = w16_min_bytes
         self.ledger = Ledger(capacity)
         self.allocator = Allocator(self.ledger, device_memory)
@@ -136,40 +136,30 @@ class Host(LoadMixin, W16Mixin):
 
     def stream(self, name: str, prompt_ids, params: SamplingParams, prompt_text: str | None = None,
                cancel: threading.Event | None = None):
-        """Queue a generation on the model's worker and yield ("piece", token_id, text) as tokens
+        """Add a generation to the model's engine and yield ("piece", token_id, text) as tokens
         come, then ("done", GenerationResult, None). Closing the iterator early (a client that
-        went away) cancels the request: a queued one never runs, a running one stops. So does
-        setting `cancel`, which another thread may do while this one waits inside the iterator."""
+        went away) cancels the request: it ends at the engine's next step, its KV blocks free.
+        So does setting `cancel`, which another thread may do while this one waits inside."""
         lm = self.get(name)
         if prompt_text is not None:
             prompt_ids = lm.ws.tokenizer.encode(prompt_text)
-        events: queue.SimpleQueue = queue.SimpleQueue()
-
-        def run(job: Job):
-            if cancel is not None and cancel.is_set():
-                return None  # its client went away while it was queued
-            res = generate(lm.model, lm.ws.tokenizer, prompt_ids, params, lm.ctx,
-                           lambda tok, piece: events.put(("piece", tok, piece)),
-                           lambda: job.cancelled.is_set() or (cancel is not None and cancel.is_set()),
-                           cache=lm.cache)
-            lm.requests += 1
-            lm.tokens += len(res.token_ids)
-            return res
-
-        # on_done is given with the job: set after submit, a job the worker ended at once (its
-        # model closing) finished before it was there, and this stream waited for ever.
-        job = lm.worker.submit(run, on_done=lambda: events.put(("end", None, None)))
+        ids = check_prompt(prompt_ids, lm.model.spec.n_vocab, lm.ctx)
+        seq = Sequence(ids.tolist(), params, lm.ctx, lm.ws.tokenizer)
+        seq.gone = cancel
+        lm.worker.add(seq)
         try:
             while True:
-                kind, a, b = events.get()
+                kind, a, b = seq.events.get()
                 if kind == "end":
                     break
                 yield kind, a, b
-            result = job.wait()
-            if result is not None:
-                yield "done", result, None
+            if a is not None:
+                raise a
+            if seq.finish_reason != "cancelled":
+                yield "done", GenerationResult(seq.generated, "".join(seq.text), seq.n_prompt, seq.finish_reason,
+                                               seq.timings()), None
         finally:
-            job.cancel()
+            seq.cancelled.set()
             lm.last_used = time.monotonic()
             if lm.keep_alive == 0:
                 try:

@@ -3,12 +3,13 @@ host's locks, open and upload without them, commit under the table lock; rolled 
 failure. Part of Host (minferd/host.py says which lock guards what)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from dataclasses import dataclass
 
-from minferd.config import DEFAULT_CTX, DEFAULT_KEEP_ALIVE, MAX_NAME_CHARS
+from minferd.config import DEFAULT_CTX, DEFAULT_KEEP_ALIVE, KV_BLOCK_TOKENS, MAX_NAME_CHARS, MAX_RUNNING_SEQS
 from minferd.devices import MatmulPath
 from minferd.errors import Conflict, InvalidRequest, MinferdError, excerpt
 from minferd.loaded import LoadedModel, WeightSet
@@ -16,7 +17,7 @@ from minferd.model.loader import ModelFile, build_model, open_model_file, upload
 from minferd.model.source import ModelSource
 from minferd.pool import admission
 from minferd.pool.admission import TenantView
-from minferd.pool.estimator import estimate
+from minferd.pool.estimator import estimate, kv_blocks
 from minferd.pool.ledger import DeviceOutOfMemory
 from minferd.pool.planner import Plan, plan
 
@@ -29,6 +30,17 @@ class LoadOptions:
     ctx: int | None = None  # None: min(the model's training context, DEFAULT_CTX)
     pinned: bool = False
     keep_alive: float = DEFAULT_KEEP_ALIVE
+    parallel: int | None = None  # KV for this many full contexts; None: the host's default
+    kv_tokens: int | None = None  # KV positions for all sequences together (wins over parallel)
+
+    def kv_size(self, ctx: int, default_parallel: int) -> int:
+        n = self.kv_tokens or (self.parallel or default_parallel) * ctx
+        if n < ctx:
+            raise InvalidRequest(f"kv_tokens {n} is below the context of {ctx}: one full request must fit")
+        if n > ctx * MAX_RUNNING_SEQS:
+            raise InvalidRequest(f"kv_tokens {n} is past {MAX_RUNNING_SEQS} contexts of {ctx} "
+                                 f"(at most {MAX_RUNNING_SEQS} sequences run at once)")
+        return n
 
 
 def check_name(name: str) -> None:
@@ -50,6 +62,7 @@ class LoadMixin:
             ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
             if not 1 <= ctx <= mf.spec.ctx_train:
                 raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")
+            opts = dataclasses.replace(opts, kv_tokens=opts.kv_size(ctx, self.default_parallel))
             try:
                 return self._load(name, mf, ctx, opts, progress)
             except DeviceOutOfMemory:
@@ -107,7 +120,7 @@ class LoadMixin:
             with self._lock:
                 lm = self.models.get(name)
                 if lm is not None:
-                    if lm.ws.key == key and lm.ctx == ctx:
+                    if lm.ws.key == key and lm.ctx == ctx and lm.kv_tokens == opts.kv_tokens:
                         return lm  # loading what is already loaded is a no-op, as in Ollama
                     raise Conflict(f"model name {name!r} is in use by {lm.ws.file.path} (ctx {lm.ctx}); unload it first")
                 if name in self._unloading:
@@ -120,7 +133,7 @@ class LoadMixin:
                 ws = self.weight_sets.get(key)
                 if ws is not None and not ws.ready.is_set():
                     return ws.ready
-                est = estimate(mf, self.traits, ctx)
+                est = estimate(mf, self.traits, ctx, opts.kv_tokens)
                 if ws is not None:
                     user = ws.users[0].name if ws.users else "a load in progress"
                     if opts.matmul_path is not None and opts.matmul_path != ws.plan.matmul_path:
@@ -172,14 +185,14 @@ class LoadMixin:
                 ws.weights = upload_weights(ws.file, backend, self.allocator.for_model(ws.tag), p.matmul_path,
                                             progress)
             model = build_model(ws.file, backend, ws.weights)
-            made.append(model.new_cache(mem, ctx))
+            made.append(model.new_cache(mem, kv_blocks(opts.kv_tokens) * KV_BLOCK_TOKENS))
             backend.alloc_scratch(mem, p.bytes["scratch"])
         except BaseException:
             backend.free(*made)
             backend.free_scratch(mem)
             backend.close()
             raise
-        return LoadedModel(name, ws, model, made[0], ctx, opts.pinned, opts.keep_alive)
+        return LoadedModel(name, ws, model, made[0], ctx, opts.pinned, opts.keep_alive, kv_tokens=opts.kv_tokens)
 
     def _release(self, ws: WeightSet) -> int:
         """One user or pending load fewer; the last one frees the set's weights. Returns bytes freed."""

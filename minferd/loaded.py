@@ -10,7 +10,8 @@ from minferd.devices import MatmulPath
 from minferd.model.arch.llama import MATMUL
 from minferd.model.loader import ModelFile
 from minferd.pool.planner import Plan
-from minferd.worker import ModelWorker
+from minferd.config import MAX_RUNNING_SEQS
+from minferd.engine.engine import ModelEngine
 
 
 def weight_set_id(identity: tuple) -> str:
@@ -83,15 +84,23 @@ class LoadedModel:
     ctx: int
     pinned: bool
     keep_alive: float
-    worker: ModelWorker = None
+    kv_tokens: int = 0  # positions the paged KV holds for all its sequences
+    worker: ModelEngine = None  # runs its requests, batched
     last_used: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
-    requests: int = 0
-    tokens: int = 0
 
     def __post_init__(self):
         if self.worker is None:
-            self.worker = ModelWorker(self.name)
+            self.worker = ModelEngine(self.name, self.model, self.cache, self.ctx, MAX_RUNNING_SEQS)
+
+    @property
+    def requests(self) -> int:
+        """Requests that ran (a cancelled one included, once it started)."""
+        return self.worker.requests
+
+    @property
+    def tokens(self) -> int:
+        return self.worker.tokens
 
     @property
     def busy(self) -> bool:

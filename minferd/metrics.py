@@ -28,6 +28,17 @@ class PoolCollector:
             for kind, n in m["bytes"].items():
                 mb.add_metric([m["name"], kind, m["matmul_path"]], n)
         yield mb
+        seqs = GaugeMetricFamily("minferd_model_sequences", "Sequences per model by state", labels=["model", "state"])
+        blocks = GaugeMetricFamily("minferd_model_kv_blocks", "Paged KV blocks per model by state",
+                                   labels=["model", "state"])
+        for m in st["models"]:
+            e = m["engine"]
+            for state in ("running", "waiting"):
+                seqs.add_metric([m["name"], state], e[state])
+            for state in ("used", "cached", "free"):
+                blocks.add_metric([m["name"], state], e[f"blocks_{state}"])
+        yield seqs
+        yield blocks
         ev = CounterMetricFamily("minferd_pool_events", "Demotions, promotions, evictions, expiries", labels=["kind"])
         for kind, n in self.host.event_counts.items():
             ev.add_metric([kind], n)
@@ -45,9 +56,10 @@ class Metrics:
                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
         self.refusals = Counter("minferd_refusals", "Requests refused, by gRPC status code", ["code"], registry=r)
 
-    def request(self, model: str, prompt_tokens: int, generated: int, seconds: float) -> None:
+    def request(self, model: str, prompt_tokens: int, generated: int, seconds: float, cached: int = 0) -> None:
         self.requests.labels(model).inc()
         self.tokens.labels(model, "prompt").inc(prompt_tokens)
+        self.tokens.labels(model, "prompt_cached").inc(cached)
         self.tokens.labels(model, "generated").inc(generated)
         self.latency.labels(model).observe(seconds)
 

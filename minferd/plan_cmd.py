@@ -11,13 +11,15 @@ from minferd.errors import InvalidRequest
 from minferd.model.loader import open_model_file, resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.pool.estimator import estimate
-from minferd.config import W16_MIN_BYTES
+from minferd.config import DEFAULT_PARALLEL, W16_MIN_BYTES
+from minferd.host_load import LoadOptions
 from minferd.pool.planner import plan
 from minferd.units import fmt_bytes
 
 
 def dry_run(model: str, device: str = "cpu", ctx: int | None = None, budget: str | None = None,
-            matmul_path: str = "auto", w16_min_bytes: int = W16_MIN_BYTES, threads: int | None = None) -> dict:
+            matmul_path: str = "auto", w16_min_bytes: int = W16_MIN_BYTES, threads: int | None = None,
+            parallel: int | None = None, kv_tokens: int | None = None) -> dict:
     mf = open_model_file(resolve_path(model))
     ctx = ctx or min(mf.spec.ctx_train, 4096)
     if not 1 <= ctx <= mf.spec.ctx_train:
@@ -36,20 +38,23 @@ def dry_run(model: str, device: str = "cpu", ctx: int | None = None, budget: str
         b = resolve_budget(device, spec, total, others)
         capacity = b.capacity
     requested = None if matmul_path == "auto" else MatmulPath(matmul_path)
-    est = estimate(mf, traits, ctx)
+    kv_tokens = LoadOptions(parallel=parallel, kv_tokens=kv_tokens).kv_size(ctx, DEFAULT_PARALLEL)
+    est = estimate(mf, traits, ctx, kv_tokens)
     p = plan(est, traits, capacity, requested, w16_min_bytes)
-    return {"model": str(mf.path), "architecture": mf.spec.arch, "device": device, "ctx": ctx,
+    return {"model": str(mf.path), "architecture": mf.spec.arch, "device": device, "ctx": ctx, "kv_tokens": kv_tokens,
             "fits": p.total <= capacity, "plan": {"matmul_path": p.matmul_path.value, "reason": p.reason},
             "bytes": p.bytes, "total_bytes": p.total, "budget_bytes": capacity, "device_total_bytes": total,
             "w16_option_bytes": est.w16, "quantized_matmul_bytes": est.matmul_bytes}
 
 
 def cmd_plan(args) -> int:
-    res = dry_run(args.model, args.device, args.ctx, args.budget, args.matmul_path, args.w16_min_bytes, args.threads)
+    res = dry_run(args.model, args.device, args.ctx, args.budget, args.matmul_path, args.w16_min_bytes, args.threads,
+                  args.parallel, args.kv_tokens)
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"{res['model']} ({res['architecture']}, ctx {res['ctx']}) on {res['device']}")
+        print(f"{res['model']} ({res['architecture']}, ctx {res['ctx']}, KV for {res['kv_tokens']} tokens) "
+              f"on {res['device']}")
         print(f"  plan: {res['plan']['matmul_path']} - {res['plan']['reason']}")
         for kind, n in res["bytes"].items():
             print(f"  {kind:8s} {fmt_bytes(n):>12s}")

@@ -39,5 +39,10 @@ def model_info(lm: LoadedModel, traits, snap: LedgerView) -> dict:
             "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
             "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
             "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
-            "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id}
+            "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id, "engine": engine_info(lm)}
+
+
+def engine_info(lm: LoadedModel) -> dict:
+    c = lm.worker.counts()
+    return {**c, "kv_tokens": c["blocks_total"] * c["block_size"]}
 

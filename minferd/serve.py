@@ -64,7 +64,7 @@ def build_host(cfg: ServeConfig) -> Host:
         gates.check_device(device_name(index), gates.table_path())  # a bad MINFERD_GATE_TABLE fails here, at start
         mem = DeviceMemory(index, limit=budget.capacity)
         factory, traits = (lambda **kw: CudaBackend(mem, **kw)), cuda_traits()
-    host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device)
+    host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device, cfg.parallel)
     host.promote_in_background = True
     return host
 

@@ -79,7 +79,8 @@ def _edge(method):
 
 
 def model_info(d: dict) -> pb2.ModelInfo:
-    return pb2.ModelInfo(**{k: v for k, v in d.items() if k != "bytes"}, bytes=pb2.ByKind(**d["bytes"]))
+    return pb2.ModelInfo(**{k: v for k, v in d.items() if k not in ("bytes", "engine")}, bytes=pb2.ByKind(**d["bytes"]),
+                         engine=pb2.EngineInfo(**d["engine"]))
 
 
 # Roles the proto names, plus "tool" (templates render tool results). Anything else went into
@@ -152,7 +153,8 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             # proto3 enums are open: an unknown number silently meant "auto"
             raise InvalidRequest(f"matmul_path {request.matmul_path} is not one of AUTO, W16, MMQ, FUSED_B")
         keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else self.keep_alive
-        opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep)
+        opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep,
+                           request.parallel or None, request.kv_tokens or None)
         # Opened once, after the checks above (they hold no descriptor); the host reads through it.
         source = open_model_source(request.path, self.models_dirs)
         name = request.name or _name_from(str(source.path))
@@ -243,11 +245,13 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
                     res = a
                     t = res.timings
                     if self.metrics:
-                        self.metrics.request(model, res.prompt_tokens, len(res.token_ids), time.perf_counter() - t0)
+                        self.metrics.request(model, res.prompt_tokens, len(res.token_ids), time.perf_counter() - t0,
+                                            res.timings.get("cached_tokens", 0))
                     yield pb2.GenerateEvent(token_id=-1, finish_reason=res.finish_reason, timings=pb2.Timings(
                         prompt_tokens=res.prompt_tokens, generated_tokens=len(res.token_ids),
                         prefill_ms=t["prefill_ms"], decode_ms=t["decode_ms"],
-                        prefill_tok_s=t["prefill_tok_s"], decode_tok_s=t["decode_tok_s"]))
+                        prefill_tok_s=t["prefill_tok_s"], decode_tok_s=t["decode_tok_s"],
+                        cached_tokens=t.get("cached_tokens", 0), preemptions=t.get("preemptions", 0)))
         finally:
             events.close()
 

@@ -49,15 +49,20 @@ class Weight:
 
 @dataclass(slots=True, eq=False)
 class KVCache:
-    """Per-layer K and V arrays, each (slots[layer], n_kv_heads, head_dim). A layer with fewer
-    slots than the context (a sliding-window layer) is a ring: position p lives in slot p % slots."""
+    """Per-layer K and V arrays, each (n_blocks * block_size, n_kv_heads, head_dim): a pool of
+    fixed-size blocks that sequences address through block tables (backend/batch.py). A cache
+    used by one sequence alone (`forward(ids, cache)`) keeps position p at slot p."""
 
     k: list
     v: list
-    slots: tuple[int, ...]
-    ctx: int  # positions the cache can hold
+    block_size: int
+    n_blocks: int
     mem: object
-    n_tokens: int = 0  # positions [0, n_tokens) have been written
+    n_tokens: int = 0  # one-sequence use: positions [0, n_tokens) have been written
+
+    @property
+    def ctx(self) -> int:
+        return self.n_blocks * self.block_size
 
 
 def allocate_all(mem, kind: str, shapes, dtype) -> list:
@@ -71,12 +76,6 @@ def allocate_all(mem, kind: str, shapes, dtype) -> list:
             mem.release(a)
         raise
     return made
-
-
-def kv_slots(swa_layers, window: int, ctx: int, max_batch: int) -> tuple[int, ...]:
-    """Slots per layer: the context for global layers; for sliding-window layers the window plus
-    one batch (a batch's first query still needs window-1 keys before it), capped at the context."""
-    return tuple(min(ctx, window + max_batch - 1) if swa and window else ctx for swa in swa_layers)
 
 
 class Backend(ABC):
@@ -93,13 +92,19 @@ class Backend(ABC):
         """Where a forward pass runs (the CUDA backend: its stream and scratch arena)."""
         return contextlib.nullcontext()
 
-    def positions(self, start: int, n: int):
-        """Token positions start..start+n as the ops take them."""
-        return np.arange(start, start + n, dtype=np.int64)
+    def prepare(self, batch) -> None:
+        """Put what the ops read of a Batch where they read it (the CUDA backend: device arrays)."""
 
-    def decode(self, model, token: int, cache: KVCache):
-        """Logits (1, vocab) of one more token (the CUDA backend replays a captured graph)."""
-        return model.forward(np.array([token]), cache)
+    def decode(self, model, batch, cache: KVCache):
+        """Logits (B, vocab) of a decode batch, one new token per sequence (the CUDA backend
+        replays a graph captured for the batch's size bucket)."""
+        return model.forward_batch(batch, cache)
+
+    def sample(self, logits, seqs) -> list[int]:
+        """The next token of each sequence from its row of logits: its own Sampler on the host
+        (the CUDA backend samples on the device and brings back only the ids)."""
+        rows = self.to_host(logits)
+        return [s.sampler.sample(rows[i], s.tokens) for i, s in enumerate(seqs)]
 
     # ---- memory --------------------------------------------------------------------------
     @abstractmethod
@@ -119,8 +124,11 @@ class Backend(ABC):
         w.w16 = None
         return n
 
-    @abstractmethod
-    def alloc_kv(self, mem, slots: tuple[int, ...], ctx: int, n_kv_heads: int, head_dim: int) -> KVCache: ...
+    def alloc_kv(self, mem, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> KVCache:
+        dtype = np.float32 if self.kv_dtype == "f32" else np.float16
+        shape = (n_blocks * block_size, n_kv_heads, head_dim)
+        made = allocate_all(mem, "kv", [shape] * (2 * n_layers), dtype)
+        return KVCache(made[:n_layers], made[n_layers:], block_size, n_blocks, mem)
 
     @abstractmethod
     def alloc_scratch(self, mem, nbytes: int) -> None:
@@ -171,26 +179,28 @@ class Backend(ABC):
         """Rotate x (n, heads, head_dim) in place or not; returns the rotated array."""
 
     @abstractmethod
-    def kv_write(self, cache: KVCache, layer: int, positions: np.ndarray, k, v) -> None: ...
+    def kv_write(self, cache: KVCache, layer: int, batch, k, v) -> None:
+        """k and v (n, kv_heads, head_dim) of the batch's tokens into their slots."""
 
     def matmuls(self, x, ws: list[Weight], biases: list | None = None) -> list:
         """x times each of several weights (q/k/v, gate/up: one input, several products); the
         CUDA backend runs a decode step's group as one launch."""
         return [self.matmul(x, w, b) for w, b in zip(ws, biases or [None] * len(ws))]
 
-    def rope_kv(self, q, k, v, cache: KVCache, layer: int, positions, base: float, scale: float, neox: bool,
+    def rope_kv(self, q, k, v, cache: KVCache, layer: int, batch, base: float, scale: float, neox: bool,
                 freq_factors=None):
-        """Rope q and k, append k and v to the cache; returns the rotated q. (The CUDA backend
-        does all of it in one kernel.)"""
-        q = self.rope(q, positions, base, scale, neox, freq_factors)
-        k = self.rope(k, positions, base, scale, neox, freq_factors)
-        self.kv_write(cache, layer, positions, k, v)
+        """Rope q and k, write k and v to the batch's slots; returns the rotated q. (The CUDA
+        backend does all of it in one kernel.)"""
+        q = self.rope(q, batch.positions, base, scale, neox, freq_factors)
+        k = self.rope(k, batch.positions, base, scale, neox, freq_factors)
+        self.kv_write(cache, layer, batch, k, v)
         return q
 
     @abstractmethod
-    def attention(self, q, cache: KVCache, layer: int, positions: np.ndarray, window: int, scale: float):
-        """Causal GQA attention of q (n, Hq, D) at `positions` over the keys cached for this layer,
-        keys `window` or more positions back masked (0 = no window); returns (n, Hq * D)."""
+    def attention(self, q, cache: KVCache, layer: int, batch, window: int, scale: float):
+        """Causal GQA attention of q (n, Hq, D), each sequence of the batch over its own keys in
+        this layer's cache, keys `window` or more positions back masked (0 = no window);
+        returns (n, Hq * D)."""
 
     @abstractmethod
     def swiglu(self, gate, up): ...

@@ -89,11 +89,6 @@ class CpuBackend(Backend):
             w.w16 = w16
         return w.w16.nbytes
 
-    def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
-        shapes = [(n, n_kv_heads, head_dim) for n in slots]
-        arrays = allocate_all(mem, "kv", shapes * 2, np.float32)
-        return KVCache(arrays[:len(slots)], arrays[len(slots):], tuple(slots), ctx, mem)
-
     def alloc_scratch(self, mem, nbytes: int | None = None) -> None:
         """Allocate this backend's dequant buffers from `mem` (counted as the model's scratch;
         their size is scratch_bytes(threads), which the planner's estimate already says)."""
@@ -180,22 +175,24 @@ class CpuBackend(Backend):
             out[..., 0::2], out[..., 1::2] = ra, rb
         return out
 
-    def kv_write(self, cache: KVCache, layer, positions, k, v):
-        slots = np.asarray(positions) % cache.slots[layer]
-        cache.k[layer][slots] = k
-        cache.v[layer][slots] = v
+    def kv_write(self, cache: KVCache, layer, batch, k, v):
+        cache.k[layer][batch.slots] = k
+        cache.v[layer][batch.slots] = v
 
-    def attention(self, q, cache: KVCache, layer, positions, window, scale):
+    def attention(self, q, cache: KVCache, layer, batch, window, scale):
+        out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
+        for b in range(batch.n_seqs):
+            r0, r1 = batch.q_starts[b], batch.q_starts[b + 1]
+            out[r0:r1] = self._attend(q[r0:r1], cache, layer, batch.key_slots(b), batch.positions[r0:r1],
+                                      window, scale)
+        return out
+
+    @staticmethod
+    def _attend(q, cache: KVCache, layer, slots, positions, window, scale):
+        """One sequence's queries over its keys at positions 0 .. len(slots) - 1."""
         n, hq, d = q.shape
-        positions = np.asarray(positions)
-        last, size = int(positions[-1]), cache.slots[layer]
-        key_pos = np.arange(max(0, last + 1 - size), last + 1)
-        if size < last + 1 and size < window + n - 1:
-            raise ValueError(f"layer {layer}: a ring of {size} slots cannot serve {n} queries with window {window}")
-        if size >= last + 1:
-            k, v = cache.k[layer][:last + 1], cache.v[layer][:last + 1]
-        else:
-            k, v = cache.k[layer][key_pos % size], cache.v[layer][key_pos % size]
+        k, v = cache.k[layer][slots], cache.v[layer][slots]
+        key_pos = np.arange(len(slots))
         hkv = k.shape[1]
         group = hq // hkv
         allowed = key_pos[None, :] <= positions[:, None]

@@ -14,10 +14,10 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, gates
+from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
-from minferd.backend.base import Backend, KVCache, Weight, allocate_all
-from minferd.backend.cuda_graph import DecodeGraph
+from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.cuda_graph import DecodeGraph, decode_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.kernels import module
 from minferd.kernels.cublas import gemm_f32
@@ -97,10 +97,6 @@ class CudaBackend(Backend):
             w.w16 = w16
         return w.w16.nbytes
 
-    def alloc_kv(self, mem, slots, ctx, n_kv_heads, head_dim) -> KVCache:
-        made = allocate_all(mem, "kv", [(n, n_kv_heads, head_dim) for n in slots] * 2, np.float16)
-        return KVCache(made[:len(slots)], made[len(slots):], tuple(slots), ctx, mem)
-
     def alloc_scratch(self, mem, nbytes: int) -> None:
         self._arena_buf = mem.empty("scratch", (nbytes,), np.uint8)
         self.arena = Arena(self._arena_buf)
@@ -131,8 +127,26 @@ class CudaBackend(Backend):
     def to_host(self, a):
         return cp.asnumpy(a, stream=self.stream) if isinstance(a, cp.ndarray) else np.asarray(a)
 
-    def positions(self, start: int, n: int):
-        return cp.arange(start, start + n, dtype=cp.int32)
+    def prepare(self, batch) -> None:
+        """The batch's index arrays on the device, in one copy (a captured graph's batch comes
+        with its own buffers). A prefill sequence's keys are gathered by their slots, unless
+        they sit at slots 0.. already (a cache of one sequence)."""
+        if batch.dev:
+            return
+        last = batch.last_rows().astype(np.int32)
+        parts = (batch.ids, batch.positions, batch.slots, batch.ctx_lens, last, batch.block_tables.ravel())
+        flat = cp.asarray(np.concatenate(parts).astype(np.int32, copy=False))
+        names, at = ("ids", "positions", "slots", "ctx_lens", "last_rows", "block_tables"), 0
+        for name, part in zip(names, parts):
+            batch.dev[name] = flat[at:at + part.size]
+            at += part.size
+        batch.dev["block_tables"] = batch.dev["block_tables"].reshape(batch.block_tables.shape)
+        if not batch.is_decode:
+            keys = []
+            for b in range(batch.n_seqs):
+                slots = batch.key_slots(b)
+                keys.append(None if np.array_equal(slots, np.arange(slots.size)) else cp.asarray(slots.astype(np.int32)))
+            batch.dev["key_slots"] = keys
 
     # ---- matmul --------------------------------------------------------------------------
     def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
@@ -272,15 +286,15 @@ class CudaBackend(Backend):
                                          np.float32(scale), np.int32(neox), ff))
         return x
 
-    def kv_write(self, cache: KVCache, layer, positions, k, v):
+    def kv_write(self, cache: KVCache, layer, batch, k, v):
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, row = k.shape[0], k.shape[1] * k.shape[2]
         _ops().get_function("kv_write_f16")((((n * row) + 255) // 256,), (256,),
-                                            (k, v, cache.k[layer], cache.v[layer], positions, np.int32(n),
-                                             np.int32(row), np.int32(cache.slots[layer])))
+                                            (k, v, cache.k[layer], cache.v[layer], batch.dev["slots"], np.int32(n),
+                                             np.int32(row)))
 
-    def rope_kv(self, q, k, v, cache: KVCache, layer, positions, base, scale, neox, freq_factors=None):
+    def rope_kv(self, q, k, v, cache: KVCache, layer, batch, base, scale, neox, freq_factors=None):
         q = cp.ascontiguousarray(q, dtype=cp.float32)  # rotated in place: a fresh temporary of this pass
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
@@ -289,20 +303,26 @@ class CudaBackend(Backend):
         total = n * (hq + hkv) * (d // 2)
         ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
         _ops().get_function("rope_kv")(((total + 255) // 256,), (256,),
-                                       (q, k, v, cache.k[layer], cache.v[layer], positions, np.int32(n), np.int32(hq),
-                                        np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
-                                        np.int32(neox), ff, np.int32(cache.slots[layer])))
+                                       (q, k, v, cache.k[layer], cache.v[layer], batch.dev["positions"], np.int32(n),
+                                        np.int32(hq), np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
+                                        np.int32(neox), ff, batch.dev["slots"]))
         return q
 
-    def attention(self, q, cache: KVCache, layer, positions, window, scale):
+    def attention(self, q, cache: KVCache, layer, batch, window, scale):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        k, v, slots = cache.k[layer], cache.v[layer], cache.slots[layer]
-        if q.shape[0] == 1:
-            return cuda_attention.decode(q, k, v, positions, slots, window, scale,
-                                         lambda out: self._xq_args(self._new_xq(out), out))
-        # Prefill (never captured): the chunk sits at cache.n_tokens.. (forward advances it after
-        # the last layer); reading `positions` back would stall the launch queue every layer.
-        return cuda_attention.prefill(q, k, v, slots, cache.n_tokens, window, scale, layer)
+        k, v = cache.k[layer], cache.v[layer]
+        if batch.is_decode:
+            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
+            return cuda_attention.decode(q, k, v, batch, window, scale, xq)
+        # Prefill (never captured): each sequence's chunk over its keys, gathered by slot; the
+        # host's copy of the batch says where (reading the device's would stall every layer).
+        out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
+        for b in range(batch.n_seqs):
+            r0, r1, n_keys = int(batch.q_starts[b]), int(batch.q_starts[b + 1]), int(batch.ctx_lens[b])
+            idx = batch.dev["key_slots"][b]
+            kb, vb = (k[:n_keys], v[:n_keys]) if idx is None else (k[idx], v[idx])
+            out[r0:r1] = cuda_attention.prefill(q[r0:r1], kb, vb, n_keys, n_keys - (r1 - r0), window, scale, layer)
+        return out
 
     def swiglu(self, gate, up):
         return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else self._act_gate16(_swiglu, gate, up)
@@ -325,11 +345,20 @@ class CudaBackend(Backend):
                                                                             np.int32(act)) + self._xq_args(scratch, y))
         return y
 
-    # ---- decode as a graph ------------------------------------------------------------------
-    def decode(self, model, token: int, cache: KVCache):
-        """Logits (1, vocab) of one token at position cache.n_tokens, through a captured graph."""
-        key = id(cache)
+    # ---- decode as a graph, sampling on the device ----------------------------------------------
+    def decode(self, model, batch, cache: KVCache):
+        """Logits (B, vocab) of a decode batch through the graph of its size bucket (captured on
+        first use per cache, bucket and block-table width)."""
+        bucket = decode_bucket(batch.n_seqs)
+        key = (id(cache), bucket, batch.block_tables.shape[1])
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = DecodeGraph(self, model, cache)
-        return g.run(token)
+            g = self.graphs[key] = DecodeGraph(self, model, cache, bucket, batch.block_tables.shape[1])
+        return g.run(batch)
+
+    def sample(self, logits, seqs) -> list[int]:
+        """On the device, only the ids back, where the kernel covers every row (cuda_sample.py)."""
+        if all(cuda_sample.on_device(s) for s in seqs):
+            with self.scope():
+                return cuda_sample.sample_on_device(logits, seqs, self.stream)
+        return super().sample(logits, seqs)

@@ -1,19 +1,19 @@
-"""Attention on the CUDA backend, over one layer's f16 KV ring (slots keys, position p at p % slots).
+"""Attention on the CUDA backend, over one layer's paged f16 KV.
 
-Prefill: the flash kernel (attn_prefill.cu) for its head dims, else two cuBLAS products around a
-masked softmax. Decode: split-K partials over the cache, merged by a kernel that also leaves the
-result in the int8 format the next mat-vec reads.
+Prefill: one sequence's queries over its keys gathered in position order (slots = the number of
+keys): the flash kernel (attn_prefill.cu) for its head dims, else two cuBLAS products around a
+masked softmax. Decode: a batch of sequences through their block tables (attn_decode.cu), split
+over the keys so that one long sequence still fills the GPU.
 """
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
+from minferd.devices import DECODE_PARTIAL_ROWS
 from minferd.kernels import module
+from minferd.kernels.attn_decode import attn_decode, splits_for
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
-
-DECODE_SPLITS = 32  # split-K partitions of the decode attention (a fixed grid keeps graphs valid)
-
 
 def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: int):
     """q (n, hq, d) f32 of positions first.. first + n - 1, whose keys are already in the ring."""
@@ -43,20 +43,14 @@ def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: i
     return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d)
 
 
-def decode(q, k, v, positions, slots: int, window: int, scale: float, int8_x_args):
-    """q (1, hq, d) f32 at the device position `positions`; int8_x_args(out) -> the merge
-    kernel's trailing arguments (where it writes out's int8 form)."""
-    hq, d = q.shape[1], q.shape[2]
-    if d % 32 or d > 256:
-        raise ValueError(f"decode attention supports head dims that are multiples of 32 up to 256, not {d}")
-    hkv = k.shape[1]
-    part_o = cp.empty((DECODE_SPLITS, hq, d), cp.float32)
-    part_ms = cp.empty((DECODE_SPLITS, hq, 2), cp.float32)
-    ops = module("ops")
-    ops.get_function("attn_decode_partial")(
-        (DECODE_SPLITS, hq), (128,), (q, k, v, positions, np.int32(slots), np.int32(window), np.float32(scale),
-                                      np.int32(hq), np.int32(hkv), np.int32(d), np.int32(DECODE_SPLITS), part_o, part_ms))
-    out = cp.empty((1, hq * d), cp.float32)
-    ops.get_function("attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                                        np.int32(DECODE_SPLITS)) + int8_x_args(out))
+def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None):
+    """q (B, hq, d) f32, one query per sequence, each over its own keys through the batch's
+    block tables (device arrays: a captured graph replays it for other tables and lengths).
+    int8_x_args(out), for B <= 8: the merge also leaves out in the mat-vec kernels' int8 format."""
+    B, hq, d = q.shape
+    out = cp.empty((B, hq * d), cp.float32)
+    splits = min(splits_for(B, k.shape[1], batch.block_tables.shape[1] * batch.block_size, d=d),
+                 max(1, DECODE_PARTIAL_ROWS // B))  # what the scratch estimate allows
+    attn_decode(q, k, v, batch.dev["block_tables"], batch.dev["ctx_lens"], out, block_size=batch.block_size,
+                window=window, scale=scale, splits=splits, xq=None if int8_x_args is None else int8_x_args(out))
     return out

@@ -1,46 +1,83 @@
-"""A decode step captured once as a CUDA graph per (model, cache) and replayed per token."""
+"""Decode steps captured as CUDA graphs, one per batch-size bucket, and replayed per step."""
 from __future__ import annotations
+
+import logging
 
 import cupy as cp
 import numpy as np
 
 from minferd.backend.base import KVCache
+from minferd.backend.batch import Batch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # a batch runs the graph of the next bucket up
+log = logging.getLogger("minferd")
+
+
+def decode_bucket(n: int) -> int:
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    raise ValueError(f"a decode batch of {n} sequences: past the largest bucket {BUCKETS[-1]}")
 
 
 class DecodeGraph:
-    """One decode step captured once: token id and position live in device buffers the step
-    reads, so a replay needs only two tiny copies in and the logits out."""
+    """One decode step of `bucket` sequences, captured once. Token ids, positions, slots, lengths
+    and block tables live in one device buffer the step reads, so a replay costs one copy in
+    and the logits out. Rows past the batch are padding: length 0, written to the cache's last
+    block, which no sequence is given."""
 
-    def __init__(self, be, model, cache: KVCache):
-        self.be, self.model, self.cache = be, model, cache
-        with be.scope():  # the input buffers live in the model's arena, like the graph's own
-            self.tok = cp.zeros((1,), cp.int32)
-            self.pos = cp.zeros((1,), cp.int32)
+    def __init__(self, be, model, cache: KVCache, bucket: int, width: int):
+        self.be, self.model, self.cache, self.bucket, self.width = be, model, cache, bucket, width
+        self.pad_slot = (cache.n_blocks - 1) * cache.block_size
+        n = bucket
+        self.host = np.zeros(4 * n + n * width, np.int32)
+        with be.scope():  # the input buffer lives in the model's arena, like the graph's own memory
+            self.buf = cp.zeros(self.host.size, cp.int32)
+        dev = {name: self.buf[i * n:(i + 1) * n] for i, name in enumerate(("ids", "positions", "slots", "ctx_lens"))}
+        dev["block_tables"] = self.buf[4 * n:].reshape(n, width)
+        self.batch = Batch(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32),
+                           np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32), np.zeros((n, width), np.int32),
+                           cache.block_size, dev)
         self.graph = None
+        self.eager = False  # capture failed (a kernel that cannot be captured): run the step as is
         self.keep = []
 
-    def run(self, token: int):
-        be, cache = self.be, self.cache
-        host = np.array([token, cache.n_tokens], np.int32)
+    def run(self, batch: Batch):
+        be, n, B = self.be, self.bucket, batch.n_seqs
+        h = self.host
+        h[:] = 0
+        h[0:B] = batch.ids
+        h[n:n + B] = batch.positions
+        h[2 * n:2 * n + n] = self.pad_slot
+        h[2 * n:2 * n + B] = batch.slots
+        h[3 * n:3 * n + B] = batch.ctx_lens
+        tables = h[4 * n:].reshape(n, self.width)
+        tables[:] = -1
+        tables[:B] = batch.block_tables
         with be.scope():
-            self.tok.set(host[:1], stream=be.stream)
-            self.pos.set(host[1:], stream=be.stream)
+            self.buf.set(h, stream=be.stream)
+            if self.eager:
+                return self.model.forward_batch(self.batch, self.cache)[:B]
             if self.graph is None:
                 self._capture()
-            self.graph.launch(stream=be.stream)
-        cache.n_tokens += 1
-        return self.logits
+            if self.graph is not None:
+                self.graph.launch(stream=be.stream)
+            else:
+                return self.model.forward_batch(self.batch, self.cache)[:B]
+        return self.logits[:B]
 
     def _capture(self):
-        be, model, cache = self.be, self.model, self.cache
-        n_tokens = cache.n_tokens
+        be = self.be
         be.arena.recording = self.keep
         try:
             be.stream.begin_capture()
             try:
-                self.logits = model.forward(self.tok, cache, positions=self.pos)
+                self.logits = self.model.forward_batch(self.batch, self.cache)
             finally:
-                self.graph = be.stream.end_capture()
+                graph = be.stream.end_capture()
+            self.graph = graph
+        except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
+            log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)
+            self.eager, self.graph = True, None
         finally:
             be.arena.recording = None
-            cache.n_tokens = n_tokens  # capture only recorded the step; the launch runs it

@@ -119,13 +119,13 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict
     rope_pair(xr[a], xr[b], pos[row / heads], i, d, base, scale, ff);
 }
 
-// rope of q in place and of k, then k and v into the f16 cache at slot pos % slots: what
+// rope of q in place and of k, then k and v into the f16 cache at slot slot_of[token]: what
 // rope_f32 twice and kv_write_f16 do, in one launch (a decode step runs one per layer).
 // Threads cover (token, head, pair) over the q heads and then the k heads.
 extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                    __half* __restrict__ K, __half* __restrict__ V, const int* __restrict__ pos,
                                    int n, int hq, int hkv, int d, float base, float scale, int neox,
-                                   const float* __restrict__ ff, int slots) {
+                                   const float* __restrict__ ff, const int* __restrict__ slot_of) {
     int half = d / 2;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * (hq + hkv) * half) return;
@@ -140,7 +140,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
         return;
     }
     long long src = ((long long)tok * hkv + (h - hq)) * d;
-    long long dst = ((long long)(p % slots) * hkv + (h - hq)) * d;
+    long long dst = ((long long)slot_of[tok] * hkv + (h - hq)) * d;
     float ka = k[src + a], kb = k[src + b];
     rope_pair(ka, kb, p, i, d, base, scale, ff);
     K[dst + a] = __float2half_rn(ka);
@@ -149,14 +149,14 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
     V[dst + b] = __float2half_rn(v[src + b]);
 }
 
-// K/V (n, kv_heads, d) f32 -> the f16 cache rows at slot pos % slots.
+// K/V (n, kv_heads, d) f32 -> the f16 cache rows at slot slot_of[token].
 extern "C" __global__ void kv_write_f16(const float* __restrict__ k, const float* __restrict__ v,
                                         __half* __restrict__ K, __half* __restrict__ V,
-                                        const int* __restrict__ pos, int n, int row, int slots) {
+                                        const int* __restrict__ slot_of, int n, int row) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;
     int tok = t / row, e = t % row;
-    long long dst = (long long)(pos[tok] % slots) * row + e;
+    long long dst = (long long)slot_of[tok] * row + e;
     K[dst] = __float2half_rn(k[t]);
     V[dst] = __float2half_rn(v[t]);
 }

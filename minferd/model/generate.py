@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minferd.backend.base import KVCache
+from minferd.backend.batch import Batch
 from minferd.errors import InvalidRequest
 from minferd.model.sampler import Sampler, SamplingParams, StopChecker
 
@@ -46,6 +47,13 @@ def prefill(model, ids: np.ndarray, cache: KVCache, all_logits: bool = False):
         logits = model.forward(ids[s:s + step], cache, all_logits=all_logits)
         out.append(be.to_host(logits))
     return np.concatenate(out) if all_logits else out[-1][-1]
+
+
+def decode_one(model, token: int, cache: KVCache):
+    """Logits (1, vocab) of one more token of a cache's one sequence."""
+    logits = model.be.decode(model, Batch.solo([token], cache.n_tokens, cache), cache)
+    cache.n_tokens += 1
+    return logits
 
 
 def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_piece=None,
@@ -89,7 +97,7 @@ def generate(model, tokenizer, prompt_ids, params: SamplingParams, ctx: int, on_
             if cache.n_tokens >= ctx:
                 finish = "ctx"
                 break
-            logits = be.to_host(be.decode(model, tok, cache))[-1]
+            logits = be.to_host(decode_one(model, tok, cache))[-1]
         t2 = time.perf_counter()
     finally:
         if own:

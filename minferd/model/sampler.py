@@ -101,6 +101,10 @@ class Sampler:
         self.params = params
         self._rng = np.random.Generator(np.random.PCG64(params.seed))
 
+    def uniform(self) -> float:
+        """The draw one sampled token takes (the CUDA backend samples with it on the device)."""
+        return self._rng.random()
+
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
@@ -158,7 +162,7 @@ class Sampler:
         # Capped so a tiny temperature cannot overflow to inf and turn 0 * inf into NaN.
         inv_t = np.float32(min(1.0 / prm.temperature, 1e30))
         probs = np.exp((x - top) * inv_t)
-        pick = _inverse_cdf(probs, self._rng.random())
+        pick = _inverse_cdf(probs, self.uniform())
         if keep is not None:
             pick = int(keep[pick])
         return pick if cand is None else int(cand[pick])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minferd.backend.base import kv_slots
+from minferd.config import KV_BLOCK_TOKENS
 from minferd.devices import DeviceTraits
 from minferd.model.arch.llama import MATMUL, VECTOR
 from minferd.model.loader import ModelFile
@@ -28,13 +28,18 @@ class Estimate:
         return {"weights": self.weights, "w16": self.w16 if with_w16 else 0, "kv": self.kv, "scratch": self.scratch}
 
 
-def kv_bytes(mf: ModelFile, ctx: int, elem_bytes: int, max_batch: int) -> int:
+def kv_blocks(kv_tokens: int, block_size: int = KV_BLOCK_TOKENS) -> int:
+    """Blocks of a model's paged KV: its tokens' worth, and one a padded decode batch writes to."""
+    return -(-kv_tokens // block_size) + 1
+
+
+def kv_bytes(mf: ModelFile, kv_tokens: int, elem_bytes: int) -> int:
     s = mf.spec
-    slots = kv_slots(s.swa_layers, s.sliding_window, ctx, max_batch)
-    return sum(slots) * s.kv_dim * 2 * elem_bytes
+    return kv_blocks(kv_tokens) * KV_BLOCK_TOKENS * s.n_layers * s.kv_dim * 2 * elem_bytes
 
 
-def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int) -> Estimate:
+def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int, kv_tokens: int | None = None) -> Estimate:
+    """kv_tokens: positions the paged KV holds for all sequences together (None: one ctx)."""
     weights = w16 = mm_bytes = 0
     types = set()
     for t, role in mf.tensors.values():
@@ -44,5 +49,5 @@ def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int) -> Estimate:
             mm_bytes += t.n_bytes
             types.add(t.qtype.name)
     scratch = traits.scratch_bytes(mf.spec, ctx, traits.max_batch)
-    kv = kv_bytes(mf, ctx, traits.kv_elem_bytes, traits.max_batch)
+    kv = kv_bytes(mf, kv_tokens or ctx, traits.kv_elem_bytes)
     return Estimate(weights, w16, kv, scratch, mm_bytes, frozenset(types), ctx)

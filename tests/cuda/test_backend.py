@@ -13,9 +13,10 @@ try:
 except Exception as e:  # no driver
     pytest.skip(f"no CUDA device ({type(e).__name__})", allow_module_level=True)
 
+from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.cpu import CpuBackend  # noqa: E402
 from minferd.backend.cuda import CudaBackend, DeviceMemory  # noqa: E402
-from minferd.model.generate import generate, prefill  # noqa: E402
+from minferd.model.generate import decode_one, generate, prefill  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from minferd.model.sampler import SamplingParams  # noqa: E402
 from minferd.model.synth import write_model  # noqa: E402
@@ -116,25 +117,28 @@ def test_w16_mmq_fused_b_agree(tmp_path, which):
 @pytest.mark.parametrize("d,chunk", [(128, 16), (128, 100), (64, 130), (256, 70), (192, 16)])
 def test_attention_prefill_and_decode_match_numpy(window, d, chunk):
     """Prefill chunks (the flash kernel for d in 64/128/256, cuBLAS for others; chunks past
-    one CTA's 64 queries), then single-token decode steps, against the NumPy attention."""
-    hq, hkv = 8, 2
+    one CTA's 64 queries), then single-token decode steps, over a paged cache whose block table
+    is shuffled, against the NumPy attention."""
+    hq, hkv, bs = 8, 2, 16
     n_ctx = 3 * chunk + 16
+    n_blocks = -(-n_ctx // bs)
+    table = [int(t) for t in rng.permutation(n_blocks)]
     cpu, gpu = CpuBackend(2), CudaBackend(DeviceMemory())
-    slots = (n_ctx,) if not window else (window + chunk - 1,)
-    cc, gc = cpu.alloc_kv(cpu.untracked(), slots, n_ctx, hkv, d), gpu.alloc_kv(gpu.untracked(), slots, n_ctx, hkv, d)
+    cc = cpu.alloc_kv(cpu.untracked(), 1, n_blocks, bs, hkv, d)
+    gc = gpu.alloc_kv(gpu.untracked(), 1, n_blocks, bs, hkv, d)
     for start in range(0, n_ctx, chunk):
         n = chunk if start < 3 * chunk else 1  # prefill chunks, then single-token decode steps
         for t0 in range(start, min(start + chunk, n_ctx), n):
-            cc.n_tokens = gc.n_tokens = t0
-            pos = np.arange(t0, t0 + n)
+            batch = Batch.build([(list(range(n)), t0, table)], bs)
             k, v = (rng.standard_normal((n, hkv, d)).astype(np.float32) for _ in range(2))
             q = rng.standard_normal((n, hq, d)).astype(np.float32)
             k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-            cpu.kv_write(cc, 0, pos, k16, v16)  # the reference sees the f16-rounded cache too
-            gpos = cp.asarray(pos, cp.int32)
-            gpu.kv_write(gc, 0, gpos, cp.asarray(k), cp.asarray(v))
-            want = cpu.attention(q, cc, 0, pos, window, 0.1)
-            got = cp.asnumpy(gpu.attention(cp.asarray(q), gc, 0, gpos if n == 1 else pos, window, 0.1))
+            cpu.kv_write(cc, 0, batch, k16, v16)  # the reference sees the f16-rounded cache too
+            want = cpu.attention(q, cc, 0, batch, window, 0.1)
+            with gpu.scope():
+                gpu.prepare(batch)
+                gpu.kv_write(gc, 0, batch, cp.asarray(k), cp.asarray(v))
+                got = cp.asnumpy(gpu.attention(cp.asarray(q), gc, 0, batch, window, 0.1))
             # The flash kernel multiplies f16 q and f16 probabilities (f32 sums): ~1e-4..1e-3.
             assert rel(got, want) < 2e-3, (t0, n, rel(got, want))
 
@@ -149,7 +153,7 @@ def test_decode_graph_equals_eager(synth_model):
     prefill(m, np.array(ids[:2]), b)
     for t in ids[2:] + [304, 305, 306]:
         eager = be.to_host(m.forward(np.array([t]), a))
-        graph = be.to_host(be.decode(m, t, b))
+        graph = be.to_host(decode_one(m, t, b))
         assert np.allclose(eager, graph, rtol=1e-5, atol=1e-5)
     assert len(be.graphs) == 1
 

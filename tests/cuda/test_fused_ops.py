@@ -8,6 +8,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.base import Weight  # noqa: E402
 from minferd.backend.cuda import CudaBackend, DeviceMemory, gemm_f32  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
@@ -60,17 +61,21 @@ def test_act_gate_leaves_quantize_x_format(be, act):
 
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope_kv_equals_rope_then_kv_write(be, neox):
-    n, hq, hkv, d, slots = 5, 8, 2, 128, 6
+    n, hq, hkv, d = 5, 8, 2, 128
     q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for h in (hq, hkv, hkv))
     ff = cp.asarray(rng.uniform(1, 4, d // 2).astype(np.float32))
-    pos = cp.asarray(np.arange(3, 3 + n), cp.int32)  # wraps the 6-slot ring
-    caches = [be.alloc_kv(be.untracked(), (slots,), 16, hkv, d) for _ in range(2)]
+    batch = Batch.build([(list(range(n)), 3, [2, 0])], 4)  # positions 3..7 over blocks 2, 0: slots 11, 0..3
+    caches = [be.alloc_kv(be.untracked(), 1, 3, 4, hkv, d) for _ in range(2)]
     for c in caches:
         c.k[0].fill(0)
         c.v[0].fill(0)
-    fused_q = be.rope_kv(cp.asarray(q), cp.asarray(k), cp.asarray(v), caches[0], 0, pos, 1e4, 0.5, neox, ff)
-    ref_q = be.rope(cp.asarray(q), pos, 1e4, 0.5, neox, ff)
-    be.kv_write(caches[1], 0, pos, be.rope(cp.asarray(k), pos, 1e4, 0.5, neox, ff), cp.asarray(v))
+    with be.scope():
+        be.prepare(batch)
+        pos = batch.dev["positions"]
+        fused_q = be.rope_kv(cp.asarray(q), cp.asarray(k), cp.asarray(v), caches[0], 0, batch, 1e4, 0.5, neox, ff)
+        ref_q = be.rope(cp.asarray(q), pos, 1e4, 0.5, neox, ff)
+        be.kv_write(caches[1], 0, batch, be.rope(cp.asarray(k), pos, 1e4, 0.5, neox, ff), cp.asarray(v))
+    assert list(batch.slots) == [11, 0, 1, 2, 3]
     assert np.array_equal(cp.asnumpy(fused_q), cp.asnumpy(ref_q))
     for a, b in ((caches[0].k[0], caches[1].k[0]), (caches[0].v[0], caches[1].v[0])):
         assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b))

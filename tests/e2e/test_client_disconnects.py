@@ -106,16 +106,16 @@ def test_client_killed_mid_stream_frees_its_slot(daemon, stub, long_model):
     assert after.tokens_generated - before.tokens_generated < 4000  # far short of its 5000
 
 
-def test_client_killed_while_queued_never_runs(daemon, stub, long_model):
-    """A request queued behind another on the same model, whose client dies, is dropped before it
-    runs (the cancel reaches it through the RPC's done callback, not at its first token)."""
+def test_client_killed_while_batched_with_another_ends(daemon, stub, long_model):
+    """A request batched with another on the same model, whose client dies, ends at the engine's
+    next step (the cancel reaches it through the RPC's done callback, not at its next token)."""
     before = _model(daemon, long_model)
     running = stub.Generate(pb2.GenerateRequest(model=long_model, ids=ids(300),
                                                 sampling=sp(temperature=0, max_tokens=5000)))
     next(running)
     p = _client(daemon, long_model, "sent")
     try:
-        time.sleep(1.0)  # the request is on the server, queued behind `running`
+        time.sleep(1.0)  # the request is on the server, in the batch with `running`
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -123,4 +123,5 @@ def test_client_killed_while_queued_never_runs(daemon, stub, long_model):
     running.cancel()
     _wait_idle(daemon, long_model, within=5.0)
     after = _model(daemon, long_model)
-    assert after.requests == before.requests + 1  # only `running`: the queued one never started
+    assert after.requests == before.requests + 2  # both ran, and both were cancelled
+    assert after.tokens_generated - before.tokens_generated < 8000  # far short of their 10000

@@ -68,10 +68,11 @@ def test_weight_sets_are_files_and_a_refused_load_touches_nothing(start):
     # A load that cannot fit: F again as z (sharing F's weights, so it needs only KV and scratch)
     # with a KV that needs more than what is free plus everything x could give back, but less than
     # that plus F's weights (what x's footprint counted twice).
-    kv_per_token, scratch = y.bytes.kv / y.ctx, y.bytes.scratch
+    # KV is whole blocks, and one more that padded decode batches write to.
+    kv_per_token, scratch = y.bytes.kv / (y.engine.kv_tokens + y.engine.block_size), y.bytes.scratch
     free = st.pool.free_bytes
     true_x = x.bytes.kv + x.bytes.scratch + g_w
-    ctx_z = math.ceil((free + true_x + f_w // 2 - scratch) / kv_per_token)
+    ctx_z = math.ceil((free + true_x + f_w // 2 - scratch) / kv_per_token) - y.engine.block_size
     assert ctx_z <= 16384, ctx_z
     before = snapshot(st)
     code, msg = outcome(lambda: load(s, "f.gguf", "z", ctx=ctx_z))

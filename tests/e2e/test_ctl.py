@@ -70,8 +70,11 @@ def test_status_json_shape_and_the_table(q):
     assert sum(sum(x["bytes"].values()) for x in st["models"]) == pool["used_bytes"]  # the ledger, by kind
 
     lines = ctl(q.address, "status").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PATH", "PLAN", "WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "PINNED",
-                                "KEEP-ALIVE", "LAST", "USED", "REQS", "TOKENS"]
+    assert lines[0].split() == ["NAME", "PATH", "PLAN", "WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "SEQS", "BLOCKS",
+                                "PINNED", "KEEP-ALIVE", "LAST", "USED", "REQS", "TOKENS"]
+    e = m["engine"]
+    assert e["running"] == e["waiting"] == 0 and e["blocks_used"] == 0
+    assert e["blocks_total"] * e["block_size"] == e["kv_tokens"] >= m["ctx"]  # the daemon's --parallel 1
     row = next(line for line in lines if line.startswith("q "))
     assert "qwen2.gguf" in row and " mmq " in row and "MiB" in row
     assert any(line.startswith("POOL cpu") and "capacity 512.00 MiB" in line for line in lines)

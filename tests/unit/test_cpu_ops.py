@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from minferd.backend.batch import Batch
 from minferd.backend.cpu import CpuBackend
 from minferd.kernels.quant import TYPES
 from minferd.kernels.quantize_ref import quantize
@@ -29,13 +30,13 @@ def naive_attention(q, k, v, positions, window, scale):
 @pytest.mark.parametrize("window", [0, 3])
 def test_attention_gqa_causal_window(window):
     n_ctx, n, hq, hkv, d = 12, 5, 4, 2, 8
-    cache = be.alloc_kv(be.untracked(), (n_ctx,), n_ctx, hkv, d)
+    cache = be.alloc_kv(be.untracked(), 1, 3, 4, hkv, d)
     k = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
     v = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
-    positions = np.arange(n_ctx - n, n_ctx)
-    be.kv_write(cache, 0, np.arange(n_ctx), k, v)
+    be.kv_write(cache, 0, Batch.solo(range(n_ctx), 0, cache), k, v)
     q = rng.standard_normal((n, hq, d)).astype(np.float32)
-    got = be.attention(q, cache, 0, positions, window, 0.3)
+    got = be.attention(q, cache, 0, Batch.solo(range(n), n_ctx - n, cache), window, 0.3)
+    positions = np.arange(n_ctx - n, n_ctx)
     np.testing.assert_allclose(got, naive_attention(q, k, v, positions, window, 0.3), rtol=1e-5, atol=1e-5)
 
 
@@ -85,22 +86,21 @@ def test_matmul_and_embed_row_blocks(name):
     assert be.drop_w16(w) == rows * k * 2 and w.w16 is None
 
 
-def test_sliding_window_ring_equals_full_cache():
-    """A sliding-window layer cached in a ring of window + batch - 1 slots attends exactly as it
-    would over a full-length cache, across many batches that wrap the ring."""
-    from minferd.backend.base import kv_slots
-    window, batch, n_ctx, hkv, hq, d = 5, 3, 40, 1, 2, 4
-    (ring_slots,) = kv_slots((True,), window, n_ctx, batch)
-    assert ring_slots == window + batch - 1
-    ring = be.alloc_kv(be.untracked(), (ring_slots,), n_ctx, hkv, d)
-    full = be.alloc_kv(be.untracked(), (n_ctx,), n_ctx, hkv, d)
-    for start in range(0, n_ctx, batch):
-        pos = np.arange(start, min(start + batch, n_ctx))
-        k, v, q = (rng.standard_normal((len(pos), h, d)).astype(np.float32) for h in (hkv, hkv, hq))
-        for c in (ring, full):
-            be.kv_write(c, 0, pos, k, v)
-        np.testing.assert_allclose(be.attention(q, ring, 0, pos, window, 0.5),
-                                   be.attention(q, full, 0, pos, window, 0.5), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="ring"):
-        be.attention(rng.standard_normal((batch + 1, hq, d)).astype(np.float32), ring, 0,
-                     np.arange(n_ctx - batch - 1, n_ctx), window, 0.5)
+def test_paged_sequences_in_one_batch_attend_as_each_alone():
+    """Two sequences over shuffled blocks of one cache, in one batch (a chunk of one, the decode
+    step of the other), attend exactly as each does over a cache of its own."""
+    bs, hkv, hq, d, window = 4, 1, 2, 4, 5
+    paged = be.alloc_kv(be.untracked(), 1, 8, bs, hkv, d)
+    tables, lens = [[5, 2, 7], [0, 6]], [10, 7]
+    own = [be.alloc_kv(be.untracked(), 1, 3, bs, hkv, d) for _ in tables]
+    for t, n, c in zip(tables, lens, own):
+        k, v = (rng.standard_normal((n, hkv, d)).astype(np.float32) for _ in range(2))
+        be.kv_write(paged, 0, Batch.build([(list(range(n)), 0, t)], bs), k, v)
+        be.kv_write(c, 0, Batch.solo(range(n), 0, c), k, v)
+    q = rng.standard_normal((4, hq, d)).astype(np.float32)  # three queries of the first, one of the second
+    batch = Batch.build([([0, 0, 0], 7, tables[0]), ([0], 6, tables[1])], bs)
+    got = be.attention(q, paged, 0, batch, window, 0.5)
+    want0 = be.attention(q[:3], own[0], 0, Batch.solo([0, 0, 0], 7, own[0]), window, 0.5)
+    want1 = be.attention(q[3:], own[1], 0, Batch.solo([0], 6, own[1]), window, 0.5)
+    np.testing.assert_array_equal(got, np.concatenate([want0, want1]))
+    assert list(batch.slots) == [2 * 4 + 3, 7 * 4 + 0, 7 * 4 + 1, 6 * 4 + 2]  # block * size + offset

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from minferd.backend.cpu import CpuBackend, HostMemory
+from minferd.config import KV_BLOCK_TOKENS
 from minferd.devices import MatmulPath, cpu_traits, cuda_traits
 from minferd.errors import Conflict, InvalidRequest, NotFound
 from minferd.host import Host, LoadOptions
@@ -19,13 +20,19 @@ from minferd.pool.planner import plan
 MiB = 1 << 20
 CTX = 256
 # qwen2 tiny q4_k at ctx 256 on one CPU thread, as the estimator computes and the load measures:
-WEIGHTS, W16, KV, SCRATCH = 820224, 2359296, 524288, 1048576
+WEIGHTS, W16, SCRATCH = 820224, 2359296, 1048576
+def kv(ctx):  # a context's KV, and the block a padded decode batch writes to
+    return 2048 * (ctx + KV_BLOCK_TOKENS)
+
+
+KV = kv(CTX)
 QUANT_TOTAL, W16_TOTAL = WEIGHTS + KV + SCRATCH, WEIGHTS + W16 + KV + SCRATCH
 
 
 def make_host(capacity, w16_min=0):
     mem = HostMemory()
-    return Host(lambda **kw: CpuBackend(1, mem, **kw), mem, cpu_traits(1), capacity, w16_min_bytes=w16_min)
+    return Host(lambda **kw: CpuBackend(1, mem, **kw), mem, cpu_traits(1), capacity, w16_min_bytes=w16_min,
+                default_parallel=1)
 
 
 def check(h):
@@ -139,11 +146,11 @@ def test_shared_file_shares_weights(tiny):
     b = h.load("b", tiny, opts(ctx=128))
     assert a.ws is b.ws
     assert a.ws.plan.matmul_path == MatmulPath.W16
-    assert h.ledger.held() == W16_TOTAL + KV // 2 + SCRATCH  # one weight set, two KV caches
+    assert h.ledger.held() == W16_TOTAL + kv(128) + SCRATCH  # one weight set, two KV caches
     check(h)
     assert h.unload("a") == KV + SCRATCH  # b still uses the weights
     assert h.models["b"].ws.weights["token_embd.weight"].data is not None
-    assert h.unload("b") == WEIGHTS + W16 + KV // 2 + SCRATCH
+    assert h.unload("b") == WEIGHTS + W16 + kv(128) + SCRATCH
     assert h.ledger.held() == 0
     check(h)
 

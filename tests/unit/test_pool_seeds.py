@@ -33,7 +33,7 @@ def test_seeds_scenario(files):
     quantized = sum(est[k].total(False) for k in SHAPES)
     capacity = quantized + est["7b"].w16 + est["0.5b"].w16 // 2  # one f16 copy, never all of them
     mem = HostMemory()
-    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, capacity, w16_min_bytes=gate)
+    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, capacity, w16_min_bytes=gate, default_parallel=1)
     for k in SHAPES:
         h.load(k, files[k], LoadOptions(ctx=256))
     paths = {k: lm.ws.plan.matmul_path for k, lm in h.models.items()}
@@ -70,7 +70,7 @@ def test_three_big_models_one_w16_copy(tmp_path):
     est = estimate(open_model_file(files["a"]), traits, 256)
     capacity = 3 * est.total(False) + est.w16 + est.w16 // 2
     mem = HostMemory()
-    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, capacity, w16_min_bytes=est.matmul_bytes)
+    h = Host(lambda **kw: CpuBackend(1, mem, **kw), mem, traits, capacity, w16_min_bytes=est.matmul_bytes, default_parallel=1)
     for k in "abc":
         h.load(k, files[k], LoadOptions(ctx=256))
     assert [h.models[k].ws.current_path(traits) for k in "abc"] == [MatmulPath.W16, MatmulPath.MMQ, MatmulPath.MMQ]

@@ -21,10 +21,10 @@ class Gemma3Model(LlamaModel):
     def optional_tensors(cls, s):
         return {}
 
-    def layer(self, i, x, positions, cache):
+    def layer(self, i, x, batch, cache):
         s, be, p = self.spec, self.be, f"blk.{i}."
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
-        h = be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"])
+        h = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"])
         x = x + be.rmsnorm(h, self.w[p + "post_attention_norm.weight"], s.norm_eps)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
         g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])

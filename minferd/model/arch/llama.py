@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minferd.backend.base import Backend, KVCache, Weight, kv_slots
+from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.batch import Batch
+from minferd.config import KV_BLOCK_TOKENS
 from minferd.devices import LOGITS_ROWS
 from minferd.model.spec import ModelSpec
 
@@ -55,39 +57,43 @@ class LlamaModel:
         }
 
     # ---- forward ---------------------------------------------------------------------------
-    def new_cache(self, mem, ctx: int) -> KVCache:
+    def new_cache(self, mem, ctx: int, block_size: int = KV_BLOCK_TOKENS) -> KVCache:
+        """A cache of at least ctx positions (whole blocks)."""
         s = self.spec
-        slots = kv_slots(s.swa_layers, s.sliding_window, ctx, self.max_batch)
-        return self.be.alloc_kv(mem, slots, ctx, s.n_kv_heads, s.head_dim)
+        return self.be.alloc_kv(mem, s.n_layers, -(-ctx // block_size), block_size, s.n_kv_heads, s.head_dim)
 
-    def forward(self, ids, cache: KVCache, all_logits: bool = False, positions=None):
-        """Run tokens `ids` at positions cache.n_tokens.. and append them to the cache.
-        Returns logits (n, vocab) for every position if all_logits, else (1, vocab) for the last.
-        `positions` (a backend array) replaces the computed ones when a graph is being captured."""
-        s, be = self.spec, self.be
+    def forward(self, ids, cache: KVCache, all_logits: bool = False):
+        """One sequence alone: tokens `ids` at positions cache.n_tokens.., appended to the cache.
+        Logits (n, vocab) of every position if all_logits, else (1, vocab) of the last."""
         n = len(ids)
         if cache.n_tokens + n > cache.ctx or n > self.max_batch:
             raise ValueError(f"{n} tokens at position {cache.n_tokens}: past the context of {cache.ctx} "
                              f"or the batch of {self.max_batch}")
+        out = self.forward_batch(Batch.solo(ids, cache.n_tokens, cache), cache, all_logits)
+        cache.n_tokens += n
+        return out
+
+    def forward_batch(self, batch: Batch, cache: KVCache, all_logits: bool = False):
+        """Run a batch of sequences' new tokens, writing their K and V to the batch's slots.
+        Returns logits (B, vocab) of each sequence's last token, or (n, vocab) of every token."""
+        s, be = self.spec, self.be
         with be.scope():
-            if positions is None:
-                positions = be.positions(cache.n_tokens, n)
-            x = be.embed(ids, self.w["token_embd.weight"])
+            be.prepare(batch)
+            x = be.embed(batch.dev.get("ids", batch.ids), self.w["token_embd.weight"])
             if s.embed_scale != 1.0:
                 x = x * np.float32(s.embed_scale)
             for i in range(s.n_layers):
-                x = self.layer(i, x, positions, cache)
-            cache.n_tokens += n
-            if not all_logits:
-                x = x[-1:]
+                x = self.layer(i, x, batch, cache)
+            if not all_logits and not batch.is_decode:
+                x = x[batch.dev.get("last_rows", batch.last_rows())]
             x = be.rmsnorm(x, self.w["output_norm.weight"], s.norm_eps)
-            if x.shape[0] <= LOGITS_ROWS:
+            if x.shape[0] <= LOGITS_ROWS or not all_logits:
                 return be.matmul(x, self.output)
             # Every position's logits: a vocabulary-wide row block at a time, gathered on the host.
             return np.concatenate([be.to_host(be.matmul(x[r:r + LOGITS_ROWS], self.output))
                                    for r in range(0, x.shape[0], LOGITS_ROWS)])
 
-    def attention(self, i: int, x, positions, cache: KVCache):
+    def attention(self, i: int, x, batch: Batch, cache: KVCache):
         """Project, rope, cache and attend; returns the attention output before attn_output."""
         s, be, p = self.spec, self.be, f"blk.{i}."
         n = x.shape[0]
@@ -103,14 +109,14 @@ class LlamaModel:
         base = s.rope_base_swa if swa else s.rope_base
         scale = 1.0 if swa else s.rope_scale
         neox = s.rope_type == "neox"
-        q = be.rope_kv(q, k, v, cache, i, positions, base, scale, neox, self.freq_factors)
+        q = be.rope_kv(q, k, v, cache, i, batch, base, scale, neox, self.freq_factors)
         window = s.sliding_window if swa else 0
-        return be.attention(q, cache, i, positions, window, s.attn_scale)
+        return be.attention(q, cache, i, batch, window, s.attn_scale)
 
-    def layer(self, i: int, x, positions, cache: KVCache):
+    def layer(self, i: int, x, batch: Batch, cache: KVCache):
         s, be, p = self.spec, self.be, f"blk.{i}."
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
-        x = be.matmul(self.attention(i, h, positions, cache), self.w[p + "attn_output.weight"], residual=x)
+        x = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"], residual=x)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
         g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
         return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=x)

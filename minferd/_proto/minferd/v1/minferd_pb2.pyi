@@ -19,20 +19,24 @@ MMQ: MatmulPath
 FUSED_B: MatmulPath
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("name", "path", "matmul_path", "ctx", "pinned", "keep_alive_seconds")
+    __slots__ = ("name", "path", "matmul_path", "ctx", "pinned", "keep_alive_seconds", "parallel", "kv_tokens")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MATMUL_PATH_FIELD_NUMBER: _ClassVar[int]
     CTX_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     matmul_path: MatmulPath
     ctx: int
     pinned: bool
     keep_alive_seconds: float
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., matmul_path: _Optional[_Union[MatmulPath, str]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ...) -> None: ...
+    parallel: int
+    kv_tokens: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., matmul_path: _Optional[_Union[MatmulPath, str]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., parallel: _Optional[int] = ..., kv_tokens: _Optional[int] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("phase", "bytes_done", "bytes_total", "model")
@@ -117,7 +121,7 @@ class ByKind(_message.Message):
     def __init__(self, weights: _Optional[int] = ..., w16: _Optional[int] = ..., kv: _Optional[int] = ..., scratch: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set")
+    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set", "engine")
     class TypeMixEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +149,7 @@ class ModelInfo(_message.Message):
     BUSY_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_W16_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SET_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -165,7 +170,28 @@ class ModelInfo(_message.Message):
     busy: bool
     waiting_for_w16: bool
     weight_set: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ...) -> None: ...
+    engine: EngineInfo
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ...) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("running", "waiting", "blocks_total", "blocks_used", "blocks_cached", "blocks_free", "block_size", "kv_tokens")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_used: int
+    blocks_cached: int
+    blocks_free: int
+    block_size: int
+    kv_tokens: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., blocks_total: _Optional[int] = ..., blocks_used: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_free: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -222,20 +248,24 @@ class GenerateEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ..., finish_reason: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s")
+    __slots__ = ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s", "cached_tokens", "preemptions")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     DECODE_MS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOK_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOK_S_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     prefill_ms: float
     decode_ms: float
     prefill_tok_s: float
     decode_tok_s: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., prefill_tok_s: _Optional[float] = ..., decode_tok_s: _Optional[float] = ...) -> None: ...
+    cached_tokens: int
+    preemptions: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., prefill_tok_s: _Optional[float] = ..., decode_tok_s: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

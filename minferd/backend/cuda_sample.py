@@ -1,0 +1,49 @@
+"""Sampling a decode step's tokens on the device (kernels/sample.cu): each sequence's parameters
+and penalty window go in, only the token ids come back (a 152k vocabulary's logits are 600 KB a
+row). Rows the kernel does not cover (top_k off or past MAX_TOP_K, a whole-history penalty
+window past MAX_WINDOW) are sampled on the host, by the sequence's own Sampler."""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from minferd.kernels.sample import MAX_TOP_K, argmax, sample
+
+MAX_WINDOW = 1024  # penalty ids per row the device takes; a longer repeat_last_n = -1 window goes to the host
+
+
+def _window(seq) -> list[int]:
+    p = seq.params
+    if p.repeat_penalty == 1.0 or p.repeat_last_n == 0:
+        return []
+    return seq.tokens if p.repeat_last_n == -1 else seq.tokens[-p.repeat_last_n:]
+
+
+def on_device(seq) -> bool:
+    p = seq.params
+    return (p.temperature == 0 or 0 < p.top_k <= MAX_TOP_K) and len(_window(seq)) <= MAX_WINDOW
+
+
+def sample_on_device(logits, seqs, stream) -> list[int]:
+    """Token ids of logits' rows (B, vocab), one per sequence; every seq must be on_device."""
+    B = len(seqs)
+    out = cp.empty(B, cp.int32)
+    with stream:
+        if all(s.params.temperature == 0 and not _window(s) for s in seqs):
+            argmax(logits, out)
+        else:
+            windows = [_window(s) for s in seqs]
+            hist = np.full((B, max(map(len, windows))), -1, np.int32)
+            for b, w in enumerate(windows):
+                hist[b, :len(w)] = w
+            p = [s.params for s in seqs]
+            # One uniform draw per sampled token from each sequence's own RNG, as Sampler does.
+            u = [s.sampler.uniform() if s.params.temperature > 0 else 0.0 for s in seqs]
+            f32 = lambda xs: cp.asarray(np.asarray(xs, np.float32))  # noqa: E731
+            sample(cp.ascontiguousarray(logits), f32([x.temperature for x in p]),
+                   cp.asarray(np.asarray([x.top_k or 1 for x in p], np.int32)), f32([x.top_p for x in p]),
+                   f32([x.min_p for x in p]), f32([x.repeat_penalty for x in p]), cp.asarray(hist), f32(u), out)
+        ids = cp.asnumpy(out, stream=stream).tolist()
+    if min(ids) < 0:
+        raise ValueError("logits contain NaN or no finite maximum (the sampler refused a row)")
+    return ids

@@ -1,0 +1,1 @@
+"""The serving engine: sequences, their KV blocks, the scheduler, and the step loop."""

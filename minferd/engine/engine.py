@@ -1,0 +1,221 @@
+"""One model's engine: a thread that runs its requests together, a step at a time.
+
+    schedule -> run -> postprocess
+
+`add` hands it a Sequence; its tokens come back on the sequence's event queue. `submit` runs a
+function on the engine's thread between two steps (the host changes a weight set's f16 copy so,
+while no pass reads it). Closing the engine (an unload) refuses new work and ends every
+sequence and queued function with Aborted; a sequence whose client went away ends at the next
+step, and its blocks are free from then on.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import numpy as np
+
+from minferd.backend.batch import Batch
+from minferd.engine.blocks import BlockManager
+from minferd.engine.scheduler import Scheduler
+from minferd.engine.sequence import Sequence, Status
+from minferd.errors import Aborted, NotFound
+from minferd.priority import lower_this_thread
+from minferd.worker import Job
+
+log = logging.getLogger("minferd")
+
+
+class ModelEngine:
+    def __init__(self, name: str, model, cache, ctx: int, max_seqs: int):
+        self.name, self.model, self.cache = name, model, cache
+        # The cache's last block is where a padded decode batch's empty rows write.
+        self.blocks = BlockManager(cache.n_blocks - 1, cache.block_size)
+        self.scheduler = Scheduler(self.blocks, model.max_batch, max_seqs)
+        self.max_blocks = -(-ctx // cache.block_size)  # a block table's width: one context
+        self.pending = 0  # sequences and functions not yet ended: the pool treats the model as busy
+        self.steps = 0
+        self.requests = self.tokens = 0  # sequences that ran, and the tokens they generated
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._live: set = set()  # sequences and jobs not yet ended
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
+        self._thread.start()
+
+    # ---- the host's side ----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self._enqueue(seq)
+
+    def submit(self, fn, on_done=None) -> Job:
+        """Run fn(job) on the engine's thread between steps; returns the job at once."""
+        job = Job(fn, on_done)
+        self._enqueue(job)
+        return job
+
+    def call(self, fn):
+        return self.submit(fn).wait()
+
+    def _enqueue(self, item) -> None:
+        with self._lock:
+            if self._closed:
+                raise NotFound(f"model {self.name!r} is being unloaded")
+            self.pending += 1
+            self._live.add(item)
+        self._inbox.put(item)
+
+    def close_if_idle(self) -> bool:
+        with self._lock:
+            if self.pending or self._closed:
+                return False
+            self._closed = True
+        self._inbox.put(None)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = list(self._live)
+        for item in live:
+            item.cancel() if isinstance(item, Job) else item.cancelled.set()
+        self._inbox.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def stop(self) -> None:
+        self.close()
+        self.join()
+
+    def counts(self) -> dict[str, int]:
+        """Sequences and KV blocks as of the engine's latest step (status reads them from any
+        thread: the engine publishes a fresh dict, nobody iterates its live state)."""
+        return self._counts
+
+    def _publish(self) -> None:
+        c = self.blocks.counts()
+        self._counts = {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                        "blocks_total": c["total"], "blocks_used": c["used"], "blocks_cached": c["cached"],
+                        "blocks_free": c["free"], "block_size": self.cache.block_size}
+
+    # ---- the engine's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        lower_this_thread()
+        while True:
+            items = [] if self.scheduler.has_work() else [self._inbox.get()]
+            while True:
+                try:
+                    items.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            closing = self._take(items)
+            if closing:
+                self._abort_all()
+                return
+            self._end_stopped()
+            if self.scheduler.has_work():
+                self.step()
+            self._publish()
+
+    def _take(self, items) -> bool:
+        closing = False
+        for item in items:
+            if item is None:
+                closing = True
+            elif isinstance(item, Job):
+                self._run_job(item)
+            else:
+                self.scheduler.add(item)
+        return closing or self._closed
+
+    def _run_job(self, job: Job) -> None:
+        try:
+            if self._closed:
+                job.error = Aborted(f"model {self.name!r} was unloaded before this request ran")
+            elif not job.cancelled.is_set():
+                job.result = job.fn(job)
+        except BaseException as e:  # handed to the waiting caller
+            job.error = e
+        finally:
+            self._ended(job)
+            job._finish()
+
+    def step(self) -> None:
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return
+        try:
+            logits = self._forward(scheduled)
+            self._postprocess(scheduled, logits)
+        except Exception as e:  # one bad pass fails the sequences in it, not the model
+            log.exception("model %s: a step of %d sequences failed", self.name, len(scheduled))
+            for seq, _ in scheduled:
+                self._end(seq, error=e)
+        self.steps += 1
+
+    def _forward(self, scheduled):
+        bs = self.cache.block_size
+        parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
+                 for seq, n in scheduled]
+        batch = Batch.build(parts, bs, width=self.max_blocks)
+        be = self.model.be
+        return be.decode(self.model, batch, self.cache) if batch.is_decode else \
+            self.model.forward_batch(batch, self.cache)
+
+    def _postprocess(self, scheduled, logits) -> None:
+        ready = []
+        for i, (seq, n) in enumerate(scheduled):
+            seq.n_computed += n
+            self.blocks.register(seq)
+            if seq.n_uncomputed == 0:  # its prompt (or its last token) is in: sample the next
+                ready.append((i, seq))
+        if not ready:
+            return
+        rows = [i for i, _ in ready]
+        if len(rows) != len(scheduled):
+            logits = logits[self.model.be.to_device(np.asarray(rows, np.int64))]
+        seqs = [s for _, s in ready]
+        for seq, tok in zip(seqs, self.model.be.sample(logits, seqs)):
+            seq.add_token(int(tok))
+            if seq.status is Status.FINISHED:
+                self._end(seq)
+
+    def _end_stopped(self) -> None:
+        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]:
+            seq.finish("cancelled")
+            self._end(seq)
+
+    def _end(self, seq: Sequence, error: BaseException | None = None) -> None:
+        if seq.admitted:
+            self.requests += 1
+            self.tokens += len(seq.generated)
+        seq.finish(seq.finish_reason or "error")
+        self.scheduler.finish(seq)
+        seq.events.put(("end", error, None))
+        self._ended(seq)
+
+    def _abort_all(self) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._end(seq, error=Aborted(f"model {self.name!r} was unloaded while this request ran"))
+        # Whatever arrived after the close: nobody will run it.
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Job):
+                self._run_job(item)
+            elif item is not None:
+                item.events.put(("end", Aborted(f"model {self.name!r} was unloaded before this request ran"), None))
+                self._ended(item)
+
+    def _ended(self, item) -> None:
+        with self._lock:
+            if item in self._live:
+                self._live.discard(item)
+                self.pending -= 1

@@ -1,0 +1,636 @@
+// Next-token sampling for a batch of logits rows, so the host reads back one int per
+// sequence instead of a whole vocab row (600 KB-1 MB) per step. The spec is sample.py's
+// sample_ref (NumPy), which matches minferd/model/sampler.py's Sampler in what is kept and
+// with which probabilities; every step below is the same floating-point operation as
+// there, so the ids are equal, not merely close.
+//
+// Two kernels, because one CTA streams only about 25 GB/s (one SM cannot keep more loads in
+// flight): a row of 152k logits alone would take 26 us in one CTA.
+//   sample_part   one CTA of 1024 threads per (segment of a row, row), the penalty applied
+//                 on the fly from a bitmap of the history:
+//     pass A      one read: NaN flag, argmax (greedy rows stop here) and each thread's
+//                 maximum. The k-th largest of the 1024 thread maxima, T0, has at least k
+//                 elements at or above it (k threads each own one), and for ordinary rows
+//                 only about k * 1.2 of them.
+//     pass B      a second read (from L2): every element >= T0 appended to shared memory.
+//     select      the exact k-th largest key among those by a bitwise search (one
+//                 __syncthreads_count per bit), ties at the boundary cut to the lowest ids
+//                 the same way; the segment's k winners go to a scratch record.
+//   sample_merge  one CTA per row: the segments' winners (the row's k largest are among
+//                 them), the same selection, the k winners ranked (descending logit, then
+//                 ascending id), weights and probabilities by k threads, the float64
+//                 running sums (sequential, as NumPy's cumsum) by one thread, the filters
+//                 and the inverse CDF by one warp with ballots.
+// A segment whose survivors do not fit (many equal logits, or large values hidden in few
+// threads) refines T0 with counting passes over the segment and, for ties, gathers the
+// lowest ids in id order: slow, but only for such rows.
+//
+// Nothing here allocates, synchronises with the host or needs a host read of device data:
+// the launches are safe inside CUDA graph capture. Rows that Sampler would refuse (NaN
+// logits, a maximum that is not finite, parameters out of range, history ids outside the
+// vocab) get id -1, for the caller to raise on.
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define NT 1024         // threads per CTA; the T0 argument needs at least MAX_TOP_K of them
+#define WARPS (NT / 32)
+#define CAP 4096        // survivors that fit in shared memory; also >= 16 segments * MAX_TOP_K
+#define MAX_TOP_K 256
+#define FULL 0xffffffffu
+#define F32_MAX 3.402823466e+38f
+
+// Sampler's penalty: float32 division or product (float64 arithmetic on float32 operands
+// rounds to the same result), clipped to float32's range; NaN stays NaN, as np.clip keeps it.
+__device__ __forceinline__ float penalize(float l, float p) {
+  float r = l > 0.f ? __fdiv_rn(l, p) : __fmul_rn(l, p);
+  if (r > F32_MAX) r = F32_MAX;
+  if (r < -F32_MAX) r = -F32_MAX;
+  return r;
+}
+
+__device__ __forceinline__ bool is_nan(float l) { return (__float_as_uint(l) & 0x7fffffffu) > 0x7f800000u; }
+
+// An unsigned key ordered as the floats are. -0.0 maps to +0.0's key: NumPy compares them
+// equal, so they must tie (and break the tie by id) here too.
+__device__ __forceinline__ u32 fkey(float l) {
+  u32 b = __float_as_uint(l);
+  if (b == 0x80000000u) b = 0u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float unkey(u32 k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Larger composite = larger key, then lower id: the candidates' order as one u64 compare.
+__device__ __forceinline__ u64 comp(u32 key, int id) { return ((u64)key << 32) | (u32)~(u32)id; }
+__device__ __forceinline__ int comp_id(u64 c) { return (int)~(u32)c; }
+
+// Calls f(i0, v[4], mask) for chunks of 4 consecutive ids (i0 = 4 * chunk), chunk c of
+// iteration `it` being it * NT + threadIdx.x, so a thread sees its ids in increasing order
+// and the whole block walks the row in id order. The trip count is the same for every
+// thread (mask 0 past the end), so f may use warp votes and block barriers. U chunks are
+// loaded before any is used: a single CTA needs many loads in flight to stream a row.
+template <int VEC, int PEN, int U, class F>
+__device__ __forceinline__ void scan_row(const float* __restrict__ lr, int V, float pen,
+                                         const u32* bits, F& f) {
+  const int nch = (V + 3) >> 2;
+  const int iters = (nch + NT - 1) / NT;
+  for (int it = 0; it < iters; it += U) {
+    float v[U][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = (it + u) * NT + (int)threadIdx.x;
+      if (VEC) {
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c < nch) x = __ldg(reinterpret_cast<const float4*>(lr) + c);
+        v[u][0] = x.x; v[u][1] = x.y; v[u][2] = x.z; v[u][3] = x.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * c + e;
+          v[u][e] = i < V ? __ldg(lr + i) : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = (it + u) * NT + (int)threadIdx.x;
+      const int i0 = 4 * c;
+      const int m = c < nch ? (V - i0 >= 4 ? 0xF : (1 << (V - i0)) - 1) : 0;
+      if (PEN && m) {
+        // 4 ids starting at a multiple of 4 share one bitmap word.
+        const u32 hb = (bits[i0 >> 5] >> (i0 & 31)) & (u32)m;
+        if (hb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (hb >> e & 1u) v[u][e] = penalize(v[u][e], pen);
+        }
+      }
+      f(i0, v[u], m);
+    }
+  }
+}
+
+__device__ __forceinline__ u64 umax64(u64 a, u64 b) { return a > b ? a : b; }
+
+__device__ __forceinline__ u64 block_max_u64(u64 v, u64* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = umax64(v, __shfl_xor_sync(FULL, v, o));
+  __syncthreads();  // red may still be read by an earlier call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = red[lane];  // every warp reduces the 32 partials itself: no broadcast barrier
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = umax64(v, __shfl_xor_sync(FULL, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int block_sum_int(int v, int* acc) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+  __syncthreads();
+  if (threadIdx.x == 0) *acc = 0;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) atomicAdd(acc, v);
+  __syncthreads();
+  return *acc;
+}
+
+// Exclusive prefix sum over the block in thread order; *total gets the block's sum.
+__device__ __forceinline__ int block_excl_scan(int v, int* total, int* part) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) part[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int y = part[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int z = __shfl_up_sync(FULL, y, o);
+      if (lane >= o) y += z;
+    }
+    part[lane] = y;
+  }
+  __syncthreads();
+  *total = part[WARPS - 1];
+  return (warp ? part[warp - 1] : 0) + x - v;
+}
+
+// Pass B: every element >= thr appended to skey/sid; *n keeps counting past CAP, so an
+// overflow is known. Not inlined: the kernel calls it twice and code size is compile time.
+template <int VEC>
+__device__ __noinline__ int gather_ge(const float* __restrict__ lr, int V, float pen, const u32* bits,
+                                      u32 thr, u32* skey, u32* sid, int* n) {
+  const int lane = threadIdx.x & 31;
+  auto fb = [&](int i0, const float* v, int m) {
+    u32 key[4];
+    int hit = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      key[e] = fkey(v[e]);
+      if ((m >> e & 1) && key[e] >= thr) hit |= 1 << e;
+    }
+    if (__any_sync(FULL, hit)) {  // rare: about k of a row's ids pass
+      const int c = __popc(hit);
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += y;
+      }
+      int base = 0;
+      if (lane == 31) base = atomicAdd(n, incl);
+      int pos = __shfl_sync(FULL, base, 31) + incl - c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (hit >> e & 1) {
+          if (pos < CAP) { skey[pos] = key[e]; sid[pos] = (u32)(i0 + e); }
+          ++pos;
+        }
+      }
+    }
+  };
+  scan_row<VEC, 1, 4>(lr, V, pen, bits, fb);
+  __syncthreads();
+  return *n;
+}
+
+// The number of the row's elements >= c, for every thread (the overflow fallback only).
+template <int VEC>
+__device__ __noinline__ int count_ge(const float* __restrict__ lr, int V, float pen, const u32* bits,
+                                     u32 c, int* acc) {
+  int cnt = 0;
+  auto fc = [&](int, const float* v, int m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cnt += (m >> e & 1) && fkey(v[e]) >= c;
+  };
+  scan_row<VEC, 1, 4>(lr, V, pen, bits, fc);
+  return block_sum_int(cnt, acc);
+}
+
+// The exact kk largest of n survivors (skey/sid, all >= T0, the largest key kmax) appended
+// to sel (*nsel must be 0): the kk-th largest key T by a bitwise search over [T0, kmax],
+// then, if more ids tie at T than are needed, the cut among them by the same search over
+// the ids. Each count is one barrier however many survivors a thread holds (past 1024 of
+// them, warp sums go to a ring of 3 counters, the one two counts ahead cleared while no
+// thread can read it).
+// nid bounds the ids.
+__device__ __forceinline__ void select_top(const u32* skey, const u32* sid, int n, u32 T0, u32 kmax, int kk,
+                                        int nid, u64* sel, int* nsel, int* ring) {
+  const int t = threadIdx.x;
+  const int S = (n + NT - 1) / NT;
+  if (t == 0) { ring[0] = 0; ring[1] = 0; ring[2] = 0; }
+  __syncthreads();
+  int call = 0;
+  auto count_surv = [&](auto pred) {
+    if (S == 1) return __syncthreads_count(t < n && pred(skey[t], sid[t]));
+    int c = 0;
+    for (int s = 0; s < S; ++s) {
+      const int j = t + s * NT;
+      c += j < n && pred(skey[j], sid[j]);
+    }
+    c = (int)__reduce_add_sync(FULL, (u32)c);
+    int* acc = ring + call % 3;
+    if ((t & 31) == 0 && c) atomicAdd(acc, c);
+    if (t == 0) ring[(call + 1) % 3] = 0;
+    __syncthreads();
+    ++call;
+    return *acc;
+  };
+  const bool take_all = n == kk;  // k = 1 without ties lands here: nothing to search
+  u32 T = T0, X = 0u;
+  bool cut = false;
+  if (!take_all) {
+    int cge = n;
+    const u32 diff = T0 ^ kmax;
+    if (diff) {
+      const int hb = 31 - __clz(diff);
+      T = T0 & ~((2u << hb) - 1u);  // the bits T0 and kmax share (hb = 31: none)
+      for (int b = hb; b >= 0; --b) {
+        const u32 c = T | (1u << b);
+        if (c <= T0) { T = c; continue; }  // every survivor is >= T0
+        const int cnt = count_surv([&](u32 key, u32) { return key >= c; });
+        if (cnt >= kk) { T = c; cge = cnt; }
+      }
+    }
+    const int cgt = count_surv([&](u32 key, u32) { return key > T; });
+    const int need = kk - cgt;
+    if (cge - cgt > need) {
+      // X = the need-th smallest id among the ties: the largest x with fewer than `need`
+      // tied ids below it.
+      cut = true;
+      const int idbits = 32 - __clz((u32)(nid - 1));
+      for (int b = idbits - 1; b >= 0; --b) {
+        const u32 c = X | (1u << b);
+        if (count_surv([&](u32 key, u32 id) { return key == T && id < c; }) < need) X = c;
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    const int j = t + s * NT;
+    if (j < n) {
+      const u32 key = skey[j], id = sid[j];
+      if (take_all || key > T || (key == T && (!cut || id <= X))) {
+        const int q = atomicAdd(nsel, 1);
+        if (q < MAX_TOP_K) sel[q] = comp(key, (int)id);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+struct Params {
+  float temp, pen, tp, mp, uu;
+  int k;
+  bool bad, greedy;
+};
+
+// Out-of-range parameters make the row -1 (Sampler's SamplingParams refuses them).
+template <int GREEDY>
+__device__ __forceinline__ Params load_params(int row, const float* temperature, const int* top_k,
+                                              const float* top_p, const float* min_p,
+                                              const float* penalty, const float* uni) {
+  Params P = {0.f, 1.f, 1.f, 0.f, 0.f, 1, false, true};
+  if (GREEDY) return P;
+  // All six loads at once (one latency, not two); a greedy row ignores the last four.
+  P.temp = temperature[row];
+  P.pen = penalty[row];
+  P.k = top_k[row]; P.tp = top_p[row]; P.mp = min_p[row]; P.uu = uni[row];
+  P.bad = !(P.temp >= 0.f && P.temp <= F32_MAX) || !(P.pen > 0.f && P.pen <= F32_MAX);
+  P.greedy = P.temp == 0.f;
+  if (!P.greedy) {
+    // u = 1 (a float32 rounding of a draw just below 1) is allowed: it takes the last bucket.
+    P.bad = P.bad || !(P.k >= 1 && P.k <= MAX_TOP_K) || !(P.tp > 0.f && P.tp <= 1.f)
+            || !(P.mp >= 0.f && P.mp <= 1.f) || !(P.uu >= 0.f && P.uu <= 1.f);
+  } else {
+    P.k = 1; P.tp = 1.f; P.mp = 0.f; P.uu = 0.f;
+  }
+  return P;
+}
+
+// A segment's record in scratch, SLOT u64s: [0] the best composite (argmax), [1] flags |
+// count << 8, [2..] the segment's top min(k, length) composites, unordered, global ids.
+#define SLOT (2 + MAX_TOP_K)
+#define F_NAN 1ull
+#define F_BAD 2ull
+
+// ---- kernel 1: one CTA per (segment, row), segments of L ids (a multiple of 4).
+// Dynamic shared memory: sel (u64[MAX_TOP_K]), skey, sid (u32[CAP]), the history bitmap of
+// the segment (u32[ceil(L/32)]): sample.py's part_smem.
+// GREEDY = 1 is argmax(): every row greedy, no penalty, the parameter pointers unused.
+template <int VEC, int GREEDY>
+__global__ void __launch_bounds__(NT, 1)
+sample_part(const float* __restrict__ logits, int V, int L, int S, const float* __restrict__ temperature,
+            const int* __restrict__ top_k, const float* __restrict__ top_p,
+            const float* __restrict__ min_p, const float* __restrict__ penalty,
+            const int* __restrict__ history, int H, const float* __restrict__ uni,
+            u64* __restrict__ scratch) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  u64* sel = reinterpret_cast<u64*>(smem);
+  u32* skey = reinterpret_cast<u32*>(sel + MAX_TOP_K);
+  u32* sid = skey + CAP;
+  u32* bits = sid + CAP;
+  __shared__ u64 s_red[WARPS];
+  __shared__ int s_part[WARPS];
+  __shared__ int s_acc, s_n, s_sel, s_ring[3];
+
+  const int row = blockIdx.y, seg = blockIdx.x, t = threadIdx.x;
+  const int lo = seg * L, len = min(L, V - lo);
+  const float* lr = logits + (i64)row * V + lo;
+  u64* slot = scratch + ((i64)row * S + seg) * SLOT;
+  if (t == 0) { s_n = 0; s_sel = 0; }
+
+  const Params P = load_params<GREEDY>(row, temperature, top_k, top_p, min_p, penalty, uni);
+  const float pen = P.pen;
+  bool bad = P.bad;
+  if (!GREEDY && !bad) {
+    // The bitmap is cleared even without a penalty: one code path for both (a shared load
+    // per 4 ids costs nothing next to streaming the row).
+    const int words = (len + 31) >> 5;
+    for (int i = t; i < words; i += NT) bits[i] = 0u;
+    __syncthreads();
+    bool oob = false;
+    // Penalty exactly 1 is off, as in Sampler (which skips it: +-inf logits stay unclipped).
+    // A bitmap, not the id list: passes A and B test membership once per 4 ids with one
+    // shared load, and a token repeated in the window is penalised once for free.
+    if (pen != 1.f) {
+      for (int h = t; h < H; h += NT) {
+        const int id = history[(i64)row * H + h];
+        if (id == -1) continue;
+        if (id < 0 || id >= V) oob = true;  // Sampler raises on these
+        else if (id >= lo && id < lo + len) atomicOr(&bits[(id - lo) >> 5], 1u << ((id - lo) & 31));
+      }
+    }
+    bad = __syncthreads_or(oob);
+  }
+  if (bad) {
+    if (t == 0) slot[1] = F_BAD;
+    return;
+  }
+
+  // ---- pass A
+  u32 bk = 0u;  // 0 is below every non-NaN key: threads with no ids never count
+  int bi = 0x7fffffff;
+  bool nan = false;
+  auto fa = [&](int i0, const float* v, int m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (m >> e & 1) {
+        nan |= is_nan(v[e]);
+        const u32 key = fkey(v[e]);
+        if (key > bk) { bk = key; bi = i0 + e; }  // strict: the lowest id of a thread's ties
+      }
+    }
+  };
+  scan_row<VEC, !GREEDY, VEC ? 8 : 4>(lr, len, pen, bits, fa);
+  nan = __syncthreads_or(nan);
+  const u64 best = block_max_u64(comp(bk, bi), s_red);
+  const u32 kmax = (u32)(best >> 32);
+  const u64 best_g = comp(kmax, lo + comp_id(best));
+  if (P.greedy || nan) {  // the merge refuses NaN rows; np.argmax would return the first NaN
+    if (t == 0) { slot[0] = best_g; slot[1] = nan ? F_NAN : 0ull; }
+    return;
+  }
+  const int kk = min(P.k, len);
+
+  // T0 = the kk-th largest thread maximum (with multiplicity).
+  u32 T0 = 0u;
+  for (int b = 31; b >= 0; --b) {
+    const u32 c = T0 | (1u << b);
+    if (__syncthreads_count(bk >= c) >= kk) T0 = c;
+  }
+
+  // ---- pass B
+  int n = gather_ge<VEC>(lr, len, pen, bits, T0, skey, sid, &s_n);
+  bool gathered = false;  // sel[] already holds the kk winners (the ties fallback)
+  if (n > CAP) {
+    // Refine T0 against the whole segment; stop as soon as the survivors fit.
+    u32 T = T0;
+    bool fits = false;
+    const u32 diff = T0 ^ kmax;
+    if (diff) {
+      const int hb = 31 - __clz(diff);
+      T = T0 & ~((2u << hb) - 1u);
+      for (int b = hb; b >= 0 && !fits; --b) {
+        const u32 c = T | (1u << b);
+        if (c <= T0) { T = c; continue; }  // count(>= c) >= n > CAP: no need to count
+        const int cnt = count_ge<VEC>(lr, len, pen, bits, c, &s_acc);
+        if (cnt >= kk) {
+          T = c;
+          if (cnt <= CAP) fits = true;
+        }
+      }
+    }
+    if (fits) {
+      __syncthreads();
+      if (t == 0) s_n = 0;
+      __syncthreads();
+      T0 = T;
+      n = gather_ge<VEC>(lr, len, pen, bits, T0, skey, sid, &s_n);
+    } else {
+      // T is the exact kk-th largest key and more than CAP - kk ids tie at it: take the
+      // ids above T in any order and the lowest ids at T in id order.
+      const int need = kk - count_ge<VEC>(lr, len, pen, bits, T + 1u, &s_acc);  // T <= kmax < +inf's key
+      int running = 0;
+      auto fg = [&](int i0, const float* v, int m) {
+        u32 eqm = 0u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (m >> e & 1) {
+            const u32 key = fkey(v[e]);
+            if (key > T) {
+              const int q = atomicAdd(&s_sel, 1);
+              if (q < MAX_TOP_K) sel[q] = comp(key, i0 + e);
+            } else if (key == T) {
+              eqm |= 1u << e;
+            }
+          }
+        }
+        int total;
+        int rank = running + block_excl_scan(__popc(eqm), &total, s_part);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (eqm >> e & 1u) {
+            if (rank < need) {
+              const int q = atomicAdd(&s_sel, 1);
+              if (q < MAX_TOP_K) sel[q] = comp(T, i0 + e);
+            }
+            ++rank;
+          }
+        }
+        running += total;
+      };
+      scan_row<VEC, 1, 1>(lr, len, pen, bits, fg);
+      __syncthreads();
+      gathered = true;
+    }
+  }
+  if (!gathered) select_top(skey, sid, n, T0, kmax, kk, len, sel, &s_sel, s_ring);
+  if (t < kk) slot[2 + t] = comp((u32)(sel[t] >> 32), lo + comp_id(sel[t]));
+  if (t == 0) { slot[0] = best_g; slot[1] = (u64)kk << 8; }
+}
+
+// ---- kernel 2: one CTA per row merges its S segments' records and draws.
+// Dynamic shared memory: sel, srt (u64[MAX_TOP_K]); cw, cp (double[MAX_TOP_K]); wv, pv
+// (float[MAX_TOP_K]); skey, sid (u32[CAP]): sample.py's MERGE_SMEM.
+template <int GREEDY>
+__global__ void __launch_bounds__(NT, 1)
+sample_merge(int V, int S, const float* __restrict__ temperature, const int* __restrict__ top_k,
+             const float* __restrict__ top_p, const float* __restrict__ min_p,
+             const float* __restrict__ penalty, const float* __restrict__ uni,
+             const u64* __restrict__ scratch, int* __restrict__ out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  u64* sel = reinterpret_cast<u64*>(smem);
+  u64* srt = sel + MAX_TOP_K;
+  double* cw = reinterpret_cast<double*>(srt + MAX_TOP_K);
+  double* cp = cw + MAX_TOP_K;
+  float* wv = reinterpret_cast<float*>(cp + MAX_TOP_K);
+  float* pv = wv + MAX_TOP_K;
+  u32* skey = reinterpret_cast<u32*>(pv + MAX_TOP_K);
+  u32* sid = skey + CAP;
+  __shared__ u64 s_red[WARPS];
+  __shared__ u32 s_min[WARPS];
+  __shared__ int s_cnt[WARPS];  // S <= 16
+  __shared__ int s_n, s_sel, s_ring[3];
+
+  const int row = blockIdx.x, t = threadIdx.x, lane = t & 31;
+  const u64* rec = scratch + (i64)row * S * SLOT;
+  if (t == 0) { s_n = 0; s_sel = 0; }
+  // Every global load of the row first, so they cost one latency: the parameters, the
+  // segments' records, and this thread's (up to 4) candidates, masked once counts are known.
+  const Params P = load_params<GREEDY>(row, temperature, top_k, top_p, min_p, penalty, uni);
+  const u64 flags = t < S ? rec[(i64)t * SLOT + 1] : 0ull;
+  const u64 seg_best = t < S ? rec[(i64)t * SLOT] : 0ull;
+  u64 c[CAP / NT];
+  if (!GREEDY) {
+#pragma unroll
+    for (int r = 0; r < CAP / NT; ++r) {
+      const int i = t + r * NT;
+      c[r] = i < S * MAX_TOP_K ? rec[(i64)(i / MAX_TOP_K) * SLOT + 2 + i % MAX_TOP_K] : 0ull;
+    }
+  }
+  if (t < S) { s_cnt[t] = (int)(flags >> 8); s_min[t] = 0xffffffffu; }
+  const bool bad = __syncthreads_or(P.bad || (flags & F_BAD));
+  if (bad) {
+    if (t == 0) out[row] = -1;
+    return;
+  }
+  const bool nan = __syncthreads_or((flags & F_NAN) != 0);
+  const u64 best = block_max_u64(seg_best, s_red);
+  if (P.greedy) {
+    if (t == 0) out[row] = nan ? -1 : comp_id(best);
+    return;
+  }
+  const u32 kmax = (u32)(best >> 32);
+  const float top = unkey(kmax);
+  if (nan || !(top >= -F32_MAX && top <= F32_MAX)) {  // Sampler: "must have a finite maximum"
+    if (t == 0) out[row] = -1;
+    return;
+  }
+  const int kk = min(P.k, V);
+
+  // T0 = the largest of the full segments' smallest winners: that segment alone has kk ids
+  // at or above it, and only ids at or above it can be among the row's kk largest. A warp's
+  // 32 candidates of one r lie in one segment (32 divides MAX_TOP_K).
+  bool valid[CAP / NT];
+#pragma unroll
+  for (int r = 0; r < CAP / NT; ++r) {
+    const int i = t + r * NT, s = i / MAX_TOP_K;
+    valid[r] = i < S * MAX_TOP_K && i % MAX_TOP_K < s_cnt[s];
+    u32 m = valid[r] ? (u32)(c[r] >> 32) : 0xffffffffu;
+    m = __reduce_min_sync(FULL, m);
+    if (lane == 0 && i < S * MAX_TOP_K && m != 0xffffffffu) atomicMin(&s_min[s], m);
+  }
+  __syncthreads();
+  u32 T0 = 0u;
+  for (int s = 0; s < S; ++s)
+    if (s_cnt[s] == kk) T0 = max(T0, s_min[s]);
+#pragma unroll
+  for (int r = 0; r < CAP / NT; ++r) {
+    const u32 key = (u32)(c[r] >> 32);
+    if (valid[r] && key >= T0) {
+      const int q = atomicAdd(&s_n, 1);  // at most S * MAX_TOP_K <= CAP
+      skey[q] = key;
+      sid[q] = (u32)comp_id(c[r]);
+    }
+  }
+  __syncthreads();
+  select_top(skey, sid, s_n, T0, kmax, kk, V, sel, &s_sel, s_ring);
+
+  // ---- rank the kk winners (composites are distinct: ids are)
+  if (t < kk) {
+    const u64 x = sel[t];
+    int r = 0;
+#pragma unroll 8
+    for (int i = 0; i < kk; ++i) r += sel[i] > x;
+    srt[r] = x;
+  }
+  __syncthreads();
+  // w = exp(l - max) (top-p and min-p read the untempered weights) and the tempered
+  // probabilities, each float32 rounded from a float64 exp: a float32 exp differs between
+  // libraries in the last bit, the float64 one rounds to the same float32 nearly always.
+  const float inv_t = __double2float_rn(fmin(__ddiv_rn(1.0, (double)P.temp), 1e30));
+  if (t < kk) {
+    const float z = __fsub_rn(unkey((u32)(srt[t] >> 32)), top);
+    wv[t] = __double2float_rn(exp((double)z));
+    pv[t] = __double2float_rn(exp((double)__fmul_rn(z, inv_t)));
+  }
+  __syncthreads();
+  if (t >= 32) return;
+  if (t == 0) {
+    // Sequential float64 sums, as np.cumsum; the two chains are independent, so they overlap.
+    double a = 0.0, b = 0.0;
+#pragma unroll 8
+    for (int i = 0; i < kk; ++i) {
+      a = __dadd_rn(a, (double)wv[i]);
+      b = __dadd_rn(b, (double)pv[i]);
+      cw[i] = a;
+      cp[i] = b;
+    }
+  }
+  __syncwarp();
+  // min-p keeps the leading run with w >= min_p (w[0] = 1, so at least one).
+  int nkeep = kk;
+  for (int base = 0; base < kk; base += 32) {
+    const int i = base + t;
+    const u32 bal = __ballot_sync(FULL, i < kk && !(wv[i] >= P.mp));
+    if (bal) { nkeep = base + __ffs(bal) - 1; break; }
+  }
+  // top-p: the smallest prefix whose mass, over the sum of all kk weights, reaches top_p.
+  if (P.tp < 1.f) {
+    const double total = cw[kk - 1], tpd = (double)P.tp;
+    const int lim = nkeep;
+    for (int base = 0; base < lim; base += 32) {
+      const int i = base + t;
+      const u32 bal = __ballot_sync(FULL, i < lim && __ddiv_rn(cw[i], total) >= tpd);
+      if (bal) { nkeep = base + __ffs(bal); break; }  // the crossing token is kept
+    }
+  }
+  // Inverse CDF as Sampler's _bucket: the first running sum above u * total; past the end,
+  // the first bucket that reaches the total (the last one with any width).
+  const double last = cp[nkeep - 1];
+  const double x = __dmul_rn((double)P.uu, last);
+  int pick = -1;
+  for (int base = 0; base < nkeep; base += 32) {
+    const int i = base + t;
+    const u32 bal = __ballot_sync(FULL, i < nkeep && cp[i] > x);
+    if (bal) { pick = base + __ffs(bal) - 1; break; }
+  }
+  if (pick < 0) {
+    for (int base = 0; base < nkeep; base += 32) {
+      const int i = base + t;
+      const u32 bal = __ballot_sync(FULL, i < nkeep && cp[i] >= last);
+      if (bal) { pick = base + __ffs(bal) - 1; break; }
+    }
+  }
+  if (t == 0) out[row] = comp_id(srt[pick]);
+}

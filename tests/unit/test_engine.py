@@ -1,0 +1,216 @@
+"""The serving engine on the CPU backend: batched sequences give each its solo greedy tokens,
+prefix hits and preemption change no token, cancel frees blocks, and many clients on a small KV
+all finish (minferd/engine/)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from minferd.backend.cpu import CpuBackend, HostMemory
+from minferd.devices import cpu_traits
+from minferd.engine.blocks import BlockManager
+from minferd.engine.sequence import Sequence
+from minferd.host import Host, LoadOptions
+from minferd.model.generate import generate
+from minferd.model.sampler import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20)
+
+
+def make_host():
+    mem = HostMemory()
+    return Host(lambda **kw: CpuBackend(2, mem, **kw), mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
+
+
+def prompts(n_vocab, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n_vocab, size=n).tolist() for n in sizes]
+
+
+def solo(lm, prompt, params=GREEDY):
+    return generate(lm.model, lm.ws.tokenizer, prompt, params, lm.ctx).token_ids
+
+
+def all_at_once(h, name, ps, params=GREEDY):
+    out, errors = [None] * len(ps), []
+
+    def go(i):
+        try:
+            out[i] = h.generate(name, ps[i], params)
+        except Exception as e:  # noqa: BLE001 - collected and asserted on
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "llama"])
+def test_batched_sequences_give_their_solo_tokens(synth_model, arch):
+    h = make_host()
+    lm = h.load("m", synth_model(arch), LoadOptions(ctx=256, parallel=8))
+    ps = prompts(lm.model.spec.n_vocab, [3, 17, 31, 32, 33, 64, 90, 1])
+    got = all_at_once(h, "m", ps)
+    assert [r.token_ids for r in got] == [solo(lm, p) for p in ps]
+    assert lm.worker.steps < sum(len(r.token_ids) for r in got)  # they did share passes
+    h.unload("m")
+    assert h.ledger.held() == 0 and h.allocator.held_bytes() == 0
+
+
+def test_chunked_prefill_of_a_prompt_past_one_pass(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=1500))
+    assert lm.model.max_batch == 512
+    (p,) = prompts(lm.model.spec.n_vocab, [1200])
+    assert h.generate("m", p, GREEDY).token_ids == solo(lm, p)
+
+
+def test_a_prefix_hit_gives_the_tokens_of_a_cold_run(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=512))
+    base, = prompts(lm.model.spec.n_vocab, [200])
+    first = h.generate("m", base + [1, 2, 3], GREEDY)
+    assert first.timings["cached_tokens"] == 0
+    second = h.generate("m", base + [4, 5, 6], GREEDY)
+    assert second.timings["cached_tokens"] == 192  # six whole blocks of the shared 200
+    assert second.token_ids == solo(lm, base + [4, 5, 6])
+    again = h.generate("m", base + [1, 2, 3], GREEDY)  # all of it cached but the last block
+    assert again.timings["cached_tokens"] == 192 and again.token_ids == first.token_ids
+
+
+def test_preemption_and_resume_give_the_same_tokens(synth_model):
+    h = make_host()
+    # KV for exactly one context: eight sequences growing at once must take turns.
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=128, kv_tokens=128))
+    ps = prompts(lm.model.spec.n_vocab, [40, 50, 60, 33, 20, 70, 45, 64], seed=3)
+    params = SamplingParams(temperature=0, max_tokens=40)
+    got = all_at_once(h, "m", ps, params)
+    assert sum(r.timings["preemptions"] for r in got) > 0
+    assert [r.token_ids for r in got] == [solo(lm, p, params) for p in ps]
+    assert lm.worker.counts()["blocks_used"] == 0
+
+
+def test_a_seeded_sampled_request_is_the_same_batched_or_alone(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=256))
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=7, max_tokens=16)
+    ps = prompts(lm.model.spec.n_vocab, [10, 20, 30, 40])
+    got = all_at_once(h, "m", ps, params)
+    assert [r.token_ids for r in got] == [solo(lm, p, params) for p in ps]
+
+
+def test_cancel_frees_the_sequences_blocks_at_once(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=1024))
+    (p,) = prompts(lm.model.spec.n_vocab, [100])
+    events = h.stream("m", p, SamplingParams(temperature=0, max_tokens=900))
+    next(events)
+    assert lm.worker.counts()["blocks_used"] > 0
+    events.close()  # the client went away
+    deadline = time.monotonic() + 5
+    while lm.worker.counts()["blocks_used"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert lm.worker.counts()["blocks_used"] == 0 and lm.worker.pending == 0
+
+
+def test_64_clients_on_a_kv_of_8_contexts_all_finish(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=96, parallel=8))
+    ps = prompts(lm.model.spec.n_vocab, [int(n) for n in np.random.default_rng(5).integers(20, 64, 64)])
+    params = SamplingParams(temperature=0, max_tokens=32)
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append((lm.worker.counts()["blocks_used"], h.ledger.held(), h.allocator.held_bytes()))
+            time.sleep(0.002)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        got = all_at_once(h, "m", ps, params)
+    finally:
+        stop.set()
+        w.join()
+    assert all(r.finish_reason in ("length", "stop", "ctx") for r in got)
+    total = lm.worker.counts()["blocks_total"]
+    assert max(u for u, _, _ in seen) <= total
+    assert all(held == alloc for _, held, alloc in seen)  # nothing allocated outside the reservation
+    assert [r.token_ids for r in got[:8]] == [solo(lm, p, params) for p in ps[:8]]
+
+
+class _Seq:
+    def __init__(self, tokens):
+        self.tokens, self.block_table, self.block_hashes = list(tokens), [], []
+        self.n_computed = self.n_cached = self.n_hashed = 0
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+def test_cached_blocks_are_reused_least_recently_released_first():
+    bm = BlockManager(6, 2)
+    a, b = _Seq([1, 2, 3, 4, 9]), _Seq([5, 6, 7, 8, 9])
+    for s in (a, b):
+        bm.admit(s, bm.plan(s, 16))
+        bm.grow(s, len(s))
+        s.n_computed = len(s)
+        bm.register(s)  # two full blocks each; the tails [9] stay unnamed
+    assert bm.counts() == {"total": 6, "used": 6, "cached": 0, "free": 0}
+    bm.release(a)
+    bm.release(b)
+    assert bm.counts() == {"total": 6, "used": 0, "cached": 4, "free": 2}
+    assert len(bm.plan(_Seq([1, 2, 3, 4, 0]), 16).cached) == 2
+    d = _Seq([7, 7, 7])  # two new blocks: a's tail, then a's [3, 4], the least recently released
+    bm.admit(d, bm.plan(d, 16))
+    bm.grow(d, 3)
+    assert len(bm.plan(_Seq([1, 2, 3, 4, 0]), 16).cached) == 1
+    assert len(bm.plan(_Seq([5, 6, 7, 8, 0]), 16).cached) == 2
+
+
+def test_the_block_of_the_last_token_is_never_a_hit():
+    bm = BlockManager(8, 4)
+    s = _Seq(range(8))
+    bm.admit(s, bm.plan(s, 100))
+    bm.grow(s, 8)
+    s.n_computed = 8
+    bm.register(s)
+    bm.release(s)
+    again = _Seq(range(8))
+    assert len(bm.plan(again, 100).cached) == 1  # the second block holds the last token: recomputed
+
+
+def test_a_sequence_counts_what_it_streamed(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=64))
+    seq = Sequence([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), 64, lm.ws.tokenizer)
+    lm.worker.add(seq)
+    kinds = []
+    while True:
+        kind, *_ = seq.events.get(timeout=30)
+        kinds.append(kind)
+        if kind == "end":
+            break
+    assert kinds.count("piece") >= len(seq.generated) and seq.finish_reason in ("length", "stop")
+
+
+def test_a_request_whose_client_left_while_it_waited_never_runs(synth_model):
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=64))
+    park, release = threading.Event(), threading.Event()
+    lm.worker.submit(lambda job: (park.set(), release.wait()))  # the engine is busy between steps
+    park.wait(5)
+    seq = Sequence([1, 2, 3], GREEDY, 64, lm.ws.tokenizer)
+    lm.worker.add(seq)
+    seq.cancelled.set()
+    release.set()
+    assert seq.events.get(timeout=10)[0] == "end"
+    assert seq.finish_reason == "cancelled" and not seq.admitted and lm.requests == 0
