@@ -139,6 +139,11 @@ def run_round(address: str, stub, prompts: list[list[int]], args) -> dict:
         out.update(wall_s=last - sent, agg_decode_tok_s=decode_tokens / (last - first) if last > first else float("nan"),
                    total_tok_s=out["generated_tokens"] / (last - sent), ttft_p50_ms=pct(ttft, 50),
                    ttft_p99_ms=pct(ttft, 99), per_request_decode_tok_s_p50=pct(per_req, 50))
+        # All of them decoding, none prefilling: from the last first token to the first last one
+        # (what llama-batched-bench's S_TG times, its prompts all processed before).
+        lo, hi = max(r["times"][0] for r in ok), min(r["times"][-1] for r in ok)
+        inside = sum(sum(1 for t in r["times"] if lo < t <= hi) for r in ok)
+        out["steady_decode_tok_s"] = inside / (hi - lo) if hi > lo else float("nan")
     return out
 
 
@@ -154,7 +159,8 @@ def shared_prefix(stub, rand, args) -> dict:
             "cacheable_tokens": args.shared_prefix // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS}  # full blocks only
 
 
-COLUMNS = (("clients", "clients"), ("agg dec tok/s", "agg_decode_tok_s"), ("total tok/s", "total_tok_s"),
+COLUMNS = (("clients", "clients"), ("agg dec tok/s", "agg_decode_tok_s"), ("steady tok/s", "steady_decode_tok_s"),
+           ("total tok/s", "total_tok_s"),
            ("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"), ("req dec p50", "per_request_decode_tok_s_p50"),
            ("max run", "max_running"), ("max blocks", ("max_blocks_used", "blocks_total")),
            ("preempt", "preemptions"), ("tokens", ("generated_tokens", "asked_tokens")), ("errors", "errors"))

@@ -21,6 +21,7 @@ class MatmulPath(str, enum.Enum):
 
 CUDA_MAX_BATCH = 2048
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's own workspace per model, set so its calls can be captured (Hopper's size)
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
 DEQUANT_ROWS = 4096  # rows per temporary f16 tile when a model without W16 prefills through cuBLAS
 
@@ -64,7 +65,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     row = 6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32 + spec.ffn * (3 * f32 + 2 * f16)
     partials = DECODE_PARTIAL_ROWS * spec.q_dim * f32 + (2 << 20)
     decode = 511 * (row + spec.n_vocab * f32 + 2 * spec.hidden) + 9 * partials
-    total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20)
+    total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20) + CUBLAS_WORKSPACE_BYTES
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
+from minferd.backend.batch import Batch
 from minferd.backend.cuda_graph import DecodeGraph, decode_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.kernels import module
@@ -29,7 +30,7 @@ from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPA
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import CUDA_MAX_BATCH, DEQUANT_ROWS
+from minferd.devices import CUBLAS_WORKSPACE_BYTES, CUDA_MAX_BATCH, DEQUANT_ROWS
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
@@ -60,6 +61,7 @@ class CudaBackend(Backend):
     name = "cuda"
     kv_dtype = "f16"
     max_batch = CUDA_MAX_BATCH
+    launches_async = True  # a pass returns once it is queued on the stream
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1, matmul_path: str = "mmq"):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
@@ -77,6 +79,7 @@ class CudaBackend(Backend):
         # its memory cannot be reused while it is there; nothing writes such an input in place.
         self._xq: tuple | None = None
         self._x16: tuple | None = None
+        self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------
     def upload(self, mem, name, qtype: QuantType, shape, raw) -> Weight:
@@ -103,6 +106,7 @@ class CudaBackend(Backend):
 
     def free_scratch(self, mem) -> None:
         self.graphs.clear()
+        self._cublas_ws = None
         if self.arena is not None:
             self.arena.close()
             mem.release(self._arena_buf)
@@ -142,10 +146,22 @@ class CudaBackend(Backend):
             at += part.size
         batch.dev["block_tables"] = batch.dev["block_tables"].reshape(batch.block_tables.shape)
         if not batch.is_decode:
+            # A mixed step's decoding sequences attend together through their block tables;
+            # each prefilling one over its keys gathered in position order.
+            lens = np.diff(batch.q_starts)
+            one = np.flatnonzero(lens == 1)
+            if one.size:
+                batch.dev["decoding"] = (cp.asarray(batch.q_starts[one].astype(np.int64)),
+                                         Batch(batch.ids[one], batch.positions[one], batch.slots[one],
+                                               np.arange(one.size + 1, dtype=np.int32), batch.ctx_lens[one],
+                                               batch.block_tables[one], batch.block_size,
+                                               {"ctx_lens": cp.asarray(batch.ctx_lens[one]),
+                                                "block_tables": cp.asarray(batch.block_tables[one])}))
             keys = []
             for b in range(batch.n_seqs):
-                slots = batch.key_slots(b)
-                keys.append(None if np.array_equal(slots, np.arange(slots.size)) else cp.asarray(slots.astype(np.int32)))
+                slots = batch.key_slots(b) if lens[b] > 1 else None
+                keys.append(None if slots is None or np.array_equal(slots, np.arange(slots.size))
+                            else cp.asarray(slots.astype(np.int32)))
             batch.dev["key_slots"] = keys
 
     # ---- matmul --------------------------------------------------------------------------
@@ -165,18 +181,24 @@ class CudaBackend(Backend):
         out = cp.empty((n, w.n_rows), cp.float32)
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
         if kernel == "cublas":
-            gemm_f32(self._as_f16(x), w.w16, out)
+            gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
         elif kernel == "mmq":
             mmq(w.qtype, w.data, x, out, unpack_bytes=self._unpack_bytes())
         elif kernel == "fused_b":
             fused_b(w.qtype, w.data, self._as_f16(x), out)
         else:
-            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, DEQUANT_ROWS)
+            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, DEQUANT_ROWS, self._cublas_workspace())
         if bias is not None:
             out += bias.data
         if residual is not None:
             out += residual
         return out
+
+    def _cublas_workspace(self):
+        """cuBLAS's workspace, from the arena once and kept (the estimate counts it)."""
+        if self._cublas_ws is None:
+            self._cublas_ws = cp.empty(CUBLAS_WORKSPACE_BYTES, cp.uint8)
+        return self._cublas_ws
 
     def _unpack_bytes(self) -> int:
         """mmq's slice of unpacked weights takes at most an eighth of the arena (the estimate
@@ -317,8 +339,13 @@ class CudaBackend(Backend):
         # Prefill (never captured): each sequence's chunk over its keys, gathered by slot; the
         # host's copy of the batch says where (reading the device's would stall every layer).
         out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
+        if "decoding" in batch.dev:
+            rows, sub = batch.dev["decoding"]
+            out[rows] = cuda_attention.decode(cp.ascontiguousarray(q[rows]), k, v, sub, window, scale)
         for b in range(batch.n_seqs):
             r0, r1, n_keys = int(batch.q_starts[b]), int(batch.q_starts[b + 1]), int(batch.ctx_lens[b])
+            if r1 - r0 == 1 and "decoding" in batch.dev:
+                continue
             idx = batch.dev["key_slots"][b]
             kb, vb = (k[:n_keys], v[:n_keys]) if idx is None else (k[idx], v[idx])
             out[r0:r1] = cuda_attention.prefill(q[r0:r1], kb, vb, n_keys, n_keys - (r1 - r0), window, scale, layer)

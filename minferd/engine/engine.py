@@ -41,6 +41,10 @@ class ModelEngine:
         self._lock = threading.Lock()
         self._closed = False
         self._live: set = set()  # sequences and jobs not yet ended
+        self._unsent: list[Sequence] = []  # sequences whose outbox holds events (see step)
+        # Where launches return before the work is done (CUDA), a step's tokens go out while the
+        # next step runs on the device: waking 64 clients' threads costs the GIL milliseconds.
+        self._overlap = bool(getattr(model.be, "launches_async", False))
         self._publish()
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
         self._thread.start()
@@ -151,12 +155,21 @@ class ModelEngine:
             return
         try:
             logits = self._forward(scheduled)
+            if self._overlap:
+                self._flush()  # the previous step's tokens, while this one computes
             self._postprocess(scheduled, logits)
         except Exception as e:  # one bad pass fails the sequences in it, not the model
             log.exception("model %s: a step of %d sequences failed", self.name, len(scheduled))
             for seq, _ in scheduled:
                 self._end(seq, error=e)
+        if not self._overlap or not self.scheduler.has_work():
+            self._flush()
         self.steps += 1
+
+    def _flush(self) -> None:
+        for seq in self._unsent:
+            seq.flush()
+        self._unsent.clear()
 
     def _forward(self, scheduled):
         bs = self.cache.block_size
@@ -182,13 +195,17 @@ class ModelEngine:
         seqs = [s for _, s in ready]
         for seq, tok in zip(seqs, self.model.be.sample(logits, seqs)):
             seq.add_token(int(tok))
+            self._unsent.append(seq)
             if seq.status is Status.FINISHED:
                 self._end(seq)
 
     def _end_stopped(self) -> None:
-        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]:
+        stopped = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]
+        for seq in stopped:
             seq.finish("cancelled")
             self._end(seq)
+        if stopped:
+            self._flush()
 
     def _end(self, seq: Sequence, error: BaseException | None = None) -> None:
         if seq.admitted:
@@ -196,12 +213,14 @@ class ModelEngine:
             self.tokens += len(seq.generated)
         seq.finish(seq.finish_reason or "error")
         self.scheduler.finish(seq)
-        seq.events.put(("end", error, None))
+        seq.outbox.append(("end", error, None))
+        self._unsent.append(seq)
         self._ended(seq)
 
     def _abort_all(self) -> None:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self._end(seq, error=Aborted(f"model {self.name!r} was unloaded while this request ran"))
+        self._flush()
         # Whatever arrived after the close: nobody will run it.
         while True:
             try:

@@ -39,6 +39,7 @@ class Sequence:
         self.cancelled = threading.Event()  # set by the client's side; the engine ends it at its next step
         self.gone: threading.Event | None = None  # the client's connection closed (set by the server)
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # ("piece", id, text) ..., then ("end", ...)
+        self.outbox: list = []  # events made this step, handed to `events` by the engine's flush
         self.text: list[str] = []
         self.t_arrived = time.perf_counter()
         self.t_first = self.t_last = None
@@ -56,6 +57,12 @@ class Sequence:
         """Tokens still to be run through the model: the prompt's rest, or the one sampled last."""
         return len(self.tokens) - self.n_computed
 
+    def flush(self) -> None:
+        """Hand this step's events to the client's side (each put may wake its thread)."""
+        for ev in self.outbox:
+            self.events.put(ev)
+        self.outbox.clear()
+
     def stopped(self) -> bool:
         return self.cancelled.is_set() or (self.gone is not None and self.gone.is_set())
 
@@ -69,7 +76,7 @@ class Sequence:
         self.tokens.append(tok)
         piece, stopped = self.stops.feed(self.utf8.decode(self.tokenizer.token_piece(tok)))
         self.text.append(piece)
-        self.events.put(("piece", tok, piece))
+        self.outbox.append(("piece", tok, piece))
         if stopped:
             self.finish("stop")
         elif len(self.generated) >= self.params.max_tokens:
@@ -85,7 +92,7 @@ class Sequence:
             tail = self.stops.flush() + self.utf8.decode(b"", final=True)
             if tail:
                 self.text.append(tail)
-                self.events.put(("piece", -1, tail))
+                self.outbox.append(("piece", -1, tail))
 
     def timings(self) -> dict:
         t0, t1, t2 = self.t_arrived, self.t_first or self.t_arrived, self.t_last or self.t_arrived

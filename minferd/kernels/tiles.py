@@ -10,7 +10,7 @@ from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.dequant import dequant_f16
 
 
-def gemm_tiles(qt, w, x16, out, tile_rows: int) -> None:
+def gemm_tiles(qt, w, x16, out, tile_rows: int, workspace=None) -> None:
     """out (M, N) f32 = x16 (M, K) @ f16(dequant(w)).T, w uint8 (N, row_bytes), tile_rows rows
     of f16 at a time from the current allocator (a model's arena)."""
     n_rows, K = w.shape[0], x16.shape[1]
@@ -20,4 +20,4 @@ def gemm_tiles(qt, w, x16, out, tile_rows: int) -> None:
     for r0 in range(0, n_rows, tile_rows):
         r1 = min(r0 + tile_rows, n_rows)
         dequant_f16(qt, w[r0:r1], tile[:r1 - r0])
-        gemm_f32(x16, tile[:r1 - r0], out[:, r0:r1])
+        gemm_f32(x16, tile[:r1 - r0], out[:, r0:r1], workspace)

@@ -36,7 +36,7 @@ def _prompts(n_vocab, sizes, seed=0):
 def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
     lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=256)
     m, be = lm.model, lm.model.be
-    cache = m.new_cache(be.untracked(), 64 * 32 + 32)
+    cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)  # two blocks a sequence, and the padding block
     rng = np.random.default_rng(B)
     tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]  # two blocks each, distinct
     lens = rng.integers(1, 60, B)
@@ -74,11 +74,39 @@ def test_batched_sequences_keep_their_solo_tokens(synth_model, device_memory):
         t.join(120)
     assert not errors, errors
     solo = [generate(lm.model, lm.ws.tokenizer, p, GREEDY, 256).token_ids for p in ps]
-    # Batched matmuls round differently from the mat-vec kernels: the greedy paths agree for a
-    # while (the CUDA-vs-CPU test's bar), most of them wholly.
+    # Batched matmuls take other kernels than a lone sequence's (cuBLAS on the f16 copy past 8
+    # rows, the quantized mat-vec below): a near-tie of a random model's logits may go the other
+    # way, after which a sequence diverges. Most of them agree wholly.
     agree = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(out, solo)]
-    assert min(agree) >= 8 and sum(a == len(o) for a, o in zip(agree, out)) >= len(ps) // 2, agree
+    assert sum(a == len(o) for a, o in zip(agree, out)) >= 3 * len(ps) // 4, agree
     assert h.ledger.held() == h.allocator.held_bytes()
     assert lm.worker.counts()["blocks_used"] == 0
     h.unload("m")
     assert h.ledger.held() == 0
+
+
+def test_a_mixed_step_attends_as_each_sequence_alone():
+    """Decoding sequences (one new token) go through the block-table kernel together, a prefilling
+    one over its gathered keys; each row equals the NumPy attention of its own sequence."""
+    from minferd.backend.cpu import CpuBackend
+    from minferd.backend.cuda import DeviceMemory
+    rng = np.random.default_rng(0)
+    hq, hkv, d, bs = 8, 2, 128, 16
+    cpu, gpu = CpuBackend(2), CudaBackend(DeviceMemory())
+    cc, gc = (b.alloc_kv(b.untracked(), 1, 12, bs, hkv, d) for b in (cpu, gpu))
+    tables, lens = [[3, 9], [0, 5, 7], [11]], [20, 40, 9]
+    for t, n in zip(tables, lens):
+        k, v = (rng.standard_normal((n, hkv, d)).astype(np.float16).astype(np.float32) for _ in range(2))
+        fill = Batch.build([(list(range(n)), 0, t)], bs)
+        cpu.kv_write(cc, 0, fill, k, v)
+        with gpu.scope():
+            gpu.prepare(fill)
+            gpu.kv_write(gc, 0, fill, cp.asarray(k), cp.asarray(v))
+    # The first sequence runs its last 5 tokens again, the other two their last one.
+    step = Batch.build([([0] * 5, 15, tables[0]), ([0], 39, tables[1]), ([0], 8, tables[2])], bs)
+    q = rng.standard_normal((7, hq, d)).astype(np.float32)
+    want = cpu.attention(q, cc, 0, step, 0, 0.1)
+    with gpu.scope():
+        gpu.prepare(step)
+        got = cp.asnumpy(gpu.attention(cp.asarray(q), gc, 0, step, 0, 0.1))
+    assert np.abs(got - want).max() / np.abs(want).max() < 2e-3

@@ -214,3 +214,23 @@ def test_a_request_whose_client_left_while_it_waited_never_runs(synth_model):
     release.set()
     assert seq.events.get(timeout=10)[0] == "end"
     assert seq.finish_reason == "cancelled" and not seq.admitted and lm.requests == 0
+
+
+def test_tokens_sent_while_the_next_step_runs_all_arrive(synth_model):
+    """The CUDA backend's order (a step's tokens go out after the next pass is launched), run on
+    the CPU: every sequence still gets all its tokens, the last ones included, and its end."""
+    mem = HostMemory()
+
+    def backend(**kw):
+        be = CpuBackend(2, mem, **kw)
+        be.launches_async = True
+        return be
+
+    h = Host(backend, mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=128, parallel=4))
+    assert lm.worker._overlap
+    ps = prompts(lm.model.spec.n_vocab, [5, 40, 12, 33])
+    got = all_at_once(h, "m", ps)
+    assert [r.token_ids for r in got] == [solo(lm, p) for p in ps]
+    one = h.generate("m", ps[0], GREEDY)  # alone: its last tokens go out once no work is left
+    assert one.token_ids == got[0].token_ids
