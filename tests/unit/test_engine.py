@@ -234,3 +234,16 @@ def test_tokens_sent_while_the_next_step_runs_all_arrive(synth_model):
     assert [r.token_ids for r in got] == [solo(lm, p) for p in ps]
     one = h.generate("m", ps[0], GREEDY)  # alone: its last tokens go out once no work is left
     assert one.token_ids == got[0].token_ids
+
+
+@pytest.mark.parametrize("opts, says", [
+    (LoadOptions(ctx=64, kv_tokens=10), "below the context of 64"),
+    (LoadOptions(ctx=64, parallel=1000), "past 256 contexts"),
+    (LoadOptions(ctx=64, kv_tokens=64 * 257), "past 256 contexts"),
+])
+def test_a_kv_size_outside_its_bounds_is_refused_before_any_work(synth_model, opts, says):
+    from minferd.errors import InvalidRequest
+    h = make_host()
+    with pytest.raises(InvalidRequest, match=says):
+        h.load("m", synth_model("qwen2"), opts)
+    assert not h.models and h.ledger.held() == 0
