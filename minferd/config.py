@@ -33,6 +33,7 @@ MAX_PATH_PARTS = 256  # components of a LoadModel path (realpath's cost grows wi
 MAX_TOKENIZE_BYTES = 4 << 20  # Tokenize's text
 MAX_DETOKENIZE_IDS = 1 << 18  # Detokenize's ids
 MAX_CHAT_MESSAGES = 4096  # messages in one Chat
+MAX_HTTP_BODY_BYTES = 16 << 20  # an HTTP request's JSON (gRPC's --max-message-bytes default)
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time
 MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
@@ -72,6 +73,7 @@ class ServeConfig:
     preload: tuple[str, ...] = ()  # PATH[=NAME]
     metrics_port: int | None = None  # METRICS_HOST:PORT
     metrics_listen: str | None = None  # HOST:PORT
+    http: str | None = None  # HOST:PORT of the OpenAI-compatible HTTP front
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # PEM: TLS clients must present a certificate it signed
@@ -91,6 +93,14 @@ class ServeConfig:
         from minferd.auth import read_token
         return read_token(self.token, self.token_file)
 
+    def http_address(self) -> tuple[str, int] | None:
+        if not self.http:
+            return None
+        host, _, port = self.http.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequest(f"--http {excerpt(self.http)}: expected HOST:PORT")
+        return host.strip("[]"), int(port)
+
     def metrics_address(self) -> tuple[str, int] | None:
         if self.metrics_listen and self.metrics_port is not None:
             raise InvalidRequest("give --metrics-listen HOST:PORT or --metrics-port PORT, not both")
@@ -104,7 +114,7 @@ class ServeConfig:
         return host.strip("[]"), int(port)
 
 
-_ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int,
+_ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int, "http": str,
         "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
         "tls_client_ca": str, "keep_alive": float, "parallel": int, "w16_min_bytes": int, "threads": int,
         "drain_seconds": float}

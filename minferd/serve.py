@@ -93,6 +93,10 @@ def check_transport(cfg: ServeConfig, token: str | None) -> None:
     if metrics and not _is_loopback(metrics[0]) and not token:
         raise InvalidRequest(f"metrics on {metrics[0]}:{metrics[1]} are not loopback: give a token "
                              f"({TOKEN_HOW}) that scrapers send as `Authorization: Bearer`")
+    http = cfg.http_address()
+    if http and not token and not (cfg.insecure and _is_loopback(http[0])):
+        raise InvalidRequest(f"refusing the HTTP front on {http[0]}:{http[1]} without a token ({TOKEN_HOW}); "
+                             f"--insecure allows it on a loopback address only")
     if unix_path(cfg.listen) is not None or token or cfg.tls_client_ca:
         return
     if cfg.tls_cert:
@@ -199,7 +203,11 @@ def serve(cfg: ServeConfig) -> int:
     if sock is None:
         _bind_tcp(server, cfg)
     server.start()
+    http = None
     try:
+        if cfg.http_address():
+            from minferd.http_api import OpenAIFront, start
+            http = start(OpenAIFront(host, cfg.models_dirs, cfg.keep_alive, token), *cfg.http_address())
         for item in cfg.preload:
             name_path, _, name = item.partition("=")
             name_path = resolve_path(name_path)
@@ -208,7 +216,8 @@ def serve(cfg: ServeConfig) -> int:
         for svc in ("", SERVICE):
             health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         where = f"unix:{sock.path}" if sock else cfg.listen
-        print(f"minferd: listening on {where} ({host.device}, budget {fmt_bytes(host.ledger.capacity)})",
+        also = f", HTTP on http://{cfg.http}" if http else ""
+        print(f"minferd: listening on {where}{also} ({host.device}, budget {fmt_bytes(host.ledger.capacity)})",
               file=sys.stderr, flush=True)
 
         stop = threading.Event()
@@ -220,6 +229,9 @@ def serve(cfg: ServeConfig) -> int:
     finally:
         if sock:  # at once: a successor may bind the path while this one drains
             sock.release()
+    if http:  # uvicorn lets in-flight requests finish once told to exit
+        http.should_exit = True
+        http.thread.join(cfg.drain_seconds)
     server.stop(grace=cfg.drain_seconds).wait()  # refuses new calls, lets in-flight ones finish
     if metrics_http:
         metrics_http.shutdown()

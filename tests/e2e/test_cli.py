@@ -112,3 +112,15 @@ def test_plan_that_does_not_fit_exits_nonzero(synth_model):
     res = json.loads(p.stdout)
     assert not res["fits"] and res["total_bytes"] > res["budget_bytes"] == 1 << 20
     assert "does not fit" in p.stderr and "short" in p.stderr
+
+
+def test_serve_parallel_sizes_every_load_s_kv(tmp_path, synth_model):
+    """`minferd serve --parallel 3`: a load that asks for no KV size gets 3 contexts of it."""
+    from tests.e2e.daemon import Daemon
+    d = Daemon(tmp_path, "--device", "cpu", "--parallel", "3", "--models-dir", synth_model("qwen2").parent)
+    try:
+        d.load(synth_model("qwen2").name, "q", ctx=128)
+        (m,) = d.status().models
+        assert m.engine.kv_tokens == 3 * 128 and m.engine.block_size == 32
+    finally:
+        d.stop()

@@ -1,0 +1,284 @@
+"""The OpenAI-compatible HTTP front (`minferd serve --http HOST:PORT`): /v1/models, /v1/completions
+and /v1/chat/completions, plain and streamed as server-sent events, over the same host (pool,
+engines) as the gRPC servicer. Starlette on uvicorn, in a thread of the daemon.
+
+A request naming a model that is not loaded but is a file of --models-dir (by stem or file name)
+loads it first, as Ollama does. The token rule is gRPC's: where the daemon has a token, every
+call needs `Authorization: Bearer <token>`. Errors are OpenAI error objects.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from minferd import config
+from minferd.errors import (Aborted, Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound, PermissionDenied,
+                            excerpt)
+from minferd.host import Host, LoadOptions
+from minferd.model.sampler import SamplingParams
+from minferd.paths import open_model_source
+from minferd.pool.ledger import PoolExhausted
+from minferd.server import CHAT_ROLES, _check_text_fits
+
+# (HTTP status, OpenAI error type) per domain error; anything else is a 500.
+ERRORS = ((InvalidRequest, 400, "invalid_request_error"), (ModelFileError, 400, "invalid_request_error"),
+          (NotFound, 404, "not_found_error"), (PermissionDenied, 403, "permission_error"), (PoolExhausted, 503, "server_error"),
+          (MemoryError, 503, "server_error"), (Conflict, 409, "conflict_error"), (Aborted, 503, "server_error"))
+FINISH = {"stop": "stop", "length": "length", "ctx": "length"}
+SAMPLING = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repeat_penalty": float,
+            "seed": int, "max_tokens": int}
+_ids = itertools.count(1)
+DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.code = status, kind, code
+
+
+def error_response(e: BaseException) -> JSONResponse:
+    if isinstance(e, HttpError):
+        status, kind, code = e.status, e.kind, e.code
+    else:
+        status, kind, code = next(((s, k, None) for cls, s, k in ERRORS if isinstance(e, cls)),
+                                  (500, "server_error", None))
+        if status == 404:
+            code = "model_not_found"
+    message = str(e) if status != 500 else f"internal error: {type(e).__name__}"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
+
+
+class OpenAIFront:
+    def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None):
+        self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
+        self.token = token
+        self._loading = threading.Lock()  # loads on demand, one at a time (the host refuses twins anyway)
+        self.app = Starlette(routes=[
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ], middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._auth)],
+            exception_handlers={HttpError: self._error, MinferdError: self._error, MemoryError: self._error,
+                                Exception: self._error})
+
+    @staticmethod
+    async def _error(request: Request, e: Exception) -> JSONResponse:
+        return error_response(e)
+
+    async def _auth(self, request: Request, call_next):
+        if self.token:
+            from minferd.auth import bearer_matches
+            if not bearer_matches(request.headers.get("authorization"), f"Bearer {self.token}".encode()):
+                return error_response(HttpError(401, "missing or wrong bearer token", "authentication_error",
+                                                "invalid_api_key"))
+        return await call_next(request)
+
+    # ---- /v1/models ---------------------------------------------------------------------------
+    def files(self) -> dict[str, Path]:
+        """Model files the daemon may load, by stem (the first directory wins a name)."""
+        found: dict[str, Path] = {}
+        for d in self.models_dirs:
+            for p in sorted(Path(d).glob("*.gguf")):
+                found.setdefault(p.stem, p)
+        return found
+
+    async def models(self, request: Request):
+        loaded = {m["name"]: m for m in self.host.status()["models"]}
+        rows = [{"id": n, "object": "model", "created": int(m["loaded_unix"]), "owned_by": "minferd", "loaded": True}
+                for n, m in loaded.items()]
+        rows += [{"id": stem, "object": "model", "created": int(p.stat().st_mtime), "owned_by": "minferd",
+                  "loaded": False} for stem, p in (await run_in_threadpool(self.files)).items() if stem not in loaded]
+        return JSONResponse({"object": "list", "data": rows})
+
+    def _model(self, name) -> str:
+        """A loaded model's name, loading a file of --models-dir of that name first where needed."""
+        if not isinstance(name, str) or not name:
+            raise HttpError(400, "model: a model name is required")
+        if self.host.has_model(name):
+            return name
+        path = self.files().get(name.removesuffix(".gguf"))
+        if path is None:
+            raise NotFound(f"no model named {excerpt(name)} is loaded or in the models directories")
+        with self._loading:
+            if not self.host.has_model(name):
+                self.host.load(name, open_model_source(path.name, self.models_dirs),
+                               LoadOptions(keep_alive=self.keep_alive))
+        return name
+
+    # ---- requests -----------------------------------------------------------------------------
+    async def _body(self, request: Request) -> dict:
+        limit = config.MAX_HTTP_BODY_BYTES
+        said = request.headers.get("content-length", "")
+        if said.isdigit() and int(said) > limit:
+            raise HttpError(413, f"request body of {said} bytes, at most {limit}")
+        parts, size = [], 0
+        async for part in request.stream():  # counted as it comes: a body that lies about its length too
+            size += len(part)
+            if size > limit:
+                raise HttpError(413, f"request body past {limit} bytes")
+            parts.append(part)
+        raw = b"".join(parts)
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, f"request body is not JSON: {excerpt(str(e))}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "request body must be a JSON object")
+        if body.get("n", 1) != 1:
+            raise HttpError(400, "n: only 1 completion per request is supported")
+        return body
+
+    def _params(self, body: dict, n_prompt: int, ctx: int) -> SamplingParams:
+        kw = {}
+        for field, kind in SAMPLING.items():
+            v = body.get(field)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+                raise HttpError(400, f"{field}: expected a number, got {excerpt(repr(v))}")
+            kw[field] = kind(v)
+        if kw.get("seed") is not None and kw["seed"] < 0:
+            kw["seed"] &= (1 << 64) - 1  # OpenAI clients send signed seeds
+        if "max_tokens" in kw and n_prompt + kw["max_tokens"] > ctx:
+            raise HttpError(400, f"prompt ({n_prompt} tokens) + max_tokens ({kw['max_tokens']}) exceeds the "
+                                 f"model's context of {ctx}")
+        kw.setdefault("max_tokens", max(1, min(DEFAULT_MAX_TOKENS, ctx - n_prompt)))
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise HttpError(400, "stop: a string or a list of strings")
+        return SamplingParams(**kw, stop=tuple(stop))
+
+    def _prompt_ids(self, name: str, prompt) -> list[int]:
+        lm = self.host.get(name)
+        if isinstance(prompt, str):
+            _check_text_fits(lm.ws.tokenizer, prompt, lm.ctx)
+            return lm.ws.tokenizer.encode(prompt, add_special=True)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise HttpError(400, "prompt: a string or a list of token ids (one prompt per request)")
+
+    def _chat_ids(self, name: str, messages) -> list[int]:
+        if not isinstance(messages, list) or not messages or len(messages) > config.MAX_CHAT_MESSAGES:
+            raise HttpError(400, f"messages: a list of 1 to {config.MAX_CHAT_MESSAGES} messages")
+        msgs = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # content parts: the text ones, in order
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(content, str):
+                raise HttpError(400, f"messages: each needs a role of {', '.join(sorted(CHAT_ROLES))} and text content")
+            msgs.append({"role": m["role"], "content": content})
+        size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
+        if size > config.MAX_TOKENIZE_BYTES:
+            raise HttpError(400, f"messages' content: {size} bytes, at most {config.MAX_TOKENIZE_BYTES}")
+        lm = self.host.get(name)
+        text = lm.ws.tokenizer.render_chat(msgs)
+        _check_text_fits(lm.ws.tokenizer, text, lm.ctx)
+        return lm.ws.tokenizer.encode(text, add_special=True)
+
+    async def completions(self, request: Request):
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: Request):
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: Request, chat: bool):
+        body = await self._body(request)
+        name = await run_in_threadpool(self._model, body.get("model"))
+        make_ids = self._chat_ids if chat else self._prompt_ids
+        ids = await run_in_threadpool(make_ids, name, body.get("messages") if chat else body.get("prompt"))
+        params = self._params(body, len(ids), self.host.get(name).ctx)
+        reply = Reply(name, chat, len(ids), bool((body.get("stream_options") or {}).get("include_usage")))
+        cancel = threading.Event()
+        events = self.host.stream(name, ids, params, cancel=cancel)
+        if not body.get("stream"):
+            try:
+                return JSONResponse(await run_in_threadpool(reply.whole, events))
+            finally:
+                cancel.set()
+        first = await run_in_threadpool(next, events, None)  # a refusal is still an HTTP error here
+
+        async def sse():
+            try:
+                async for chunk in iterate_in_threadpool(reply.chunks(first, events)):
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                cancel.set()  # the client went away (or the stream ended): the engine drops it
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+
+class Reply:
+    """One request's answer in OpenAI's shapes, from the host's stream of events."""
+
+    def __init__(self, model: str, chat: bool, n_prompt: int, usage_in_stream: bool):
+        self.model, self.chat, self.n_prompt, self.usage_in_stream = model, chat, n_prompt, usage_in_stream
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{next(_ids)}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def usage(self, res) -> dict:
+        return {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids),
+                "total_tokens": res.prompt_tokens + len(res.token_ids)}
+
+    def whole(self, events) -> dict:
+        res = next(a for kind, a, _ in events if kind == "done")
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}}
+        else:
+            choice = {"index": 0, "text": res.text, "logprobs": None}
+        choice["finish_reason"] = FINISH.get(res.finish_reason, res.finish_reason)
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage(res)}
+
+    def _chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        if self.chat:
+            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def chunks(self, first, events):
+        if self.chat:
+            yield self._chunk(None, None, first=True)
+        for kind, a, b in itertools.chain([first] if first else [], events):
+            if kind == "piece" and b:
+                yield self._chunk(b, None)
+            elif kind == "done":
+                last = self._chunk(None, FINISH.get(a.finish_reason, a.finish_reason))
+                if self.usage_in_stream:
+                    last["usage"] = self.usage(a)
+                yield last
+
+
+def start(front: OpenAIFront, host: str, port: int):
+    """uvicorn in a daemon thread; returns the server (server.should_exit = True stops it)."""
+    import uvicorn
+    server = uvicorn.Server(uvicorn.Config(front.app, host=host, port=port, log_level="warning", lifespan="off",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, name="minferd-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        raise MinferdError(f"the HTTP front did not start on {host}:{port} (in use?)")
+    server.thread = thread
+    return server
