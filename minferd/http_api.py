@@ -33,8 +33,9 @@ from minferd.server import CHAT_ROLES, _check_text_fits
 
 # (HTTP status, OpenAI error type) per domain error; anything else is a 500.
 ERRORS = ((InvalidRequest, 400, "invalid_request_error"), (ModelFileError, 400, "invalid_request_error"),
-          (NotFound, 404, "not_found_error"), (PermissionDenied, 403, "permission_error"), (PoolExhausted, 503, "server_error"),
-          (MemoryError, 503, "server_error"), (Conflict, 409, "conflict_error"), (Aborted, 503, "server_error"))
+          (NotFound, 404, "not_found_error"), (PermissionDenied, 403, "permission_error"),
+          (PoolExhausted, 503, "server_error"), (MemoryError, 503, "server_error"), (Conflict, 409, "conflict_error"),
+          (Aborted, 503, "server_error"))
 FINISH = {"stop": "stop", "length": "length", "ctx": "length"}
 SAMPLING = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repeat_penalty": float,
             "seed": int, "max_tokens": int}
