@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import time_graph  # noqa: E402  (bench/kernels.py: median seconds a launch of a graph)
 
 HQ, HKV, D = 28, 4, 128
 L2 = 60 << 20
@@ -41,27 +45,9 @@ class Bump:
 
 
 def time_calls(cp, calls, reps: int) -> float:
-    """Median microseconds per call of a graph of `calls`."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        calls[0]()  # compiles and loads outside the capture
-        stream.synchronize()
-        with cp.cuda.using_allocator(Bump(cp, 1 << 30)):
-            stream.begin_capture()
-            for f in calls:
-                f()
-            graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / len(calls))
-    return statistics.median(times)
+    """Median microseconds per call of a graph of `calls`, every buffer its own (Bump)."""
+    with cp.cuda.using_allocator(Bump(cp, 1 << 30)):
+        return time_graph(cp, calls, reps) * 1e6
 
 
 def kv_copies(cp, n_slots: int):

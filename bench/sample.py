@@ -18,32 +18,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
 
-
-def time_graph(cp, launches, reps: int) -> float:
-    """Median seconds per launch of a graph of `launches` (callables), after warm-ups."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for f in launches[:2]:  # compiles on first use: never inside capture
-            f()
-        stream.synchronize()
-        stream.begin_capture()
-        for f in launches:
-            f()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / len(launches))
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import time_graph  # noqa: E402  (bench/kernels.py: median seconds a launch of a graph)
 
 
 def time_plain(cp, launches, reps: int) -> float:
