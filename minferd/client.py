@@ -36,6 +36,14 @@ def model_dict(m) -> dict:
             "engine": {f.name: getattr(m.engine, f.name) for f in m.engine.DESCRIPTOR.fields}}
 
 
+def available_dict(m) -> dict:
+    d = {"name": m.name, "path": m.path, "file_bytes": m.file_bytes, "loaded": m.loaded}
+    if m.error:
+        return {**d, "error": m.error}
+    return {**d, "architecture": m.architecture, "type_mix": dict(m.type_mix), "plan": m.plan,
+            "plan_reason": m.plan_reason, "bytes": {k: getattr(m.bytes, k) for k in KINDS}, "fits": m.fits}
+
+
 def status_dict(s) -> dict:
     p = s.pool
     pool = {k: getattr(p, k) for k in ("device", "capacity_bytes", "used_bytes", "reserved_bytes",
@@ -81,6 +89,10 @@ class Client:
 
     def status(self) -> dict:
         return status_dict(self._unary(self.stub.GetStatus, self.pb.GetStatusRequest()))
+
+    def available(self) -> list[dict]:
+        """The model files the daemon may load, each with what a load would take."""
+        return [available_dict(m) for m in self._unary(self.stub.ListAvailable, self.pb.ListAvailableRequest()).models]
 
     def models(self) -> list[dict]:
         return [model_dict(m) for m in self._unary(self.stub.ListModels, self.pb.ListModelsRequest()).models]

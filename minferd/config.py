@@ -33,6 +33,7 @@ MAX_PATH_PARTS = 256  # components of a LoadModel path (realpath's cost grows wi
 MAX_TOKENIZE_BYTES = 4 << 20  # Tokenize's text
 MAX_DETOKENIZE_IDS = 1 << 18  # Detokenize's ids
 MAX_CHAT_MESSAGES = 4096  # messages in one Chat
+MAX_LISTED_FILES = 1000  # model files ListAvailable reads (each a header parse)
 MAX_HTTP_BODY_BYTES = 16 << 20  # an HTTP request's JSON (gRPC's --max-message-bytes default)
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time

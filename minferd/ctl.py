@@ -150,6 +150,20 @@ def cmd_status(c: Client, args) -> int:
     return 0
 
 
+def cmd_ls(c: Client, args) -> int:
+    rows = c.available()
+    head = ("NAME", "SIZE", "ARCH", "PLAN", "WOULD TAKE", "FITS", "LOADED")
+    table = [head] + [(r["name"], human_bytes(r["file_bytes"]), "-", "refused: " + r["error"], "", "", "")
+                      if "error" in r else
+                      (r["name"], human_bytes(r["file_bytes"]), r["architecture"], r["plan"],
+                       human_bytes(sum(r["bytes"].values())), "yes" if r["fits"] else "no",
+                       "yes" if r["loaded"] else "-") for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip() for t in table)
+    _emit(args, rows, text if rows else "no .gguf files in the daemon's --models-dir")
+    return 0
+
+
 def model_argument(arg: str) -> str:
     """What LoadModel gets for `minferctl load ARG`: a local file, or anything spelled as a path, as
     an absolute path from the caller's working directory (the daemon's is another one); a bare
@@ -292,6 +306,7 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     add("status", cmd_status, "the pool and every model's footprint")
+    add("ls", cmd_ls, "the model files the daemon may load, and what each would take")
     p = add("load", cmd_load, "load a GGUF file (a path under --models-dir or a bare name)", "path")
     p.add_argument("--name", default="", help="the name requests use (default: from the file name)")
     p.add_argument("--ctx", type=int_in(1, UINT32), default=0, help="context length (default: the daemon's)")

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from minferd import config
+from minferd.available import model_files
 from minferd.errors import (Aborted, Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound, PermissionDenied,
                             excerpt)
 from minferd.host import Host, LoadOptions
@@ -88,12 +89,7 @@ class OpenAIFront:
 
     # ---- /v1/models ---------------------------------------------------------------------------
     def files(self) -> dict[str, Path]:
-        """Model files the daemon may load, by stem (the first directory wins a name)."""
-        found: dict[str, Path] = {}
-        for d in self.models_dirs:
-            for p in sorted(Path(d).glob("*.gguf")):
-                found.setdefault(p.stem, p)
-        return found
+        return model_files(self.models_dirs)
 
     async def models(self, request: Request):
         loaded = {m["name"]: m for m in self.host.status()["models"]}

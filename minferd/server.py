@@ -192,6 +192,14 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         return pb2.ListModelsResponse(models=[model_info(m) for m in self.host.status()["models"]])
 
     @_edge
+    def ListAvailable(self, request, context):
+        from minferd.available import available
+        return pb2.ListAvailableResponse(models=[
+            pb2.AvailableModel(**{k: v for k, v in m.items() if k != "bytes"},
+                               **({"bytes": pb2.ByKind(**m["bytes"])} if "bytes" in m else {}))
+            for m in available(self.host, self.models_dirs)])
+
+    @_edge
     def GetStatus(self, request, context):
         st = self.host.status()
         return pb2.Status(pool=pb2.PoolInfo(**st["pool"]), models=[model_info(m) for m in st["models"]],

@@ -15,8 +15,9 @@ ends and the last one stops the daemon. The controller stops it too if it is sti
 end (a worker that crashed never marks itself done), and removes the directory. A controller that
 never gets there (SIGKILL) leaves no daemon behind: the daemon watches its pid (--parent-pid).
 
-Models are loaded with the daemon's keep-alive, so under budget pressure an idle one may be
-evicted to make room for the next; a handle whose model is gone loads it again on its next call.
+Under budget pressure an idle fixture's model is unloaded to make room for the next (whatever
+its keep-alive: that only says how long an idle model stays when nobody needs the room); a
+handle whose model is gone loads it again on its next call.
 """
 from __future__ import annotations
 

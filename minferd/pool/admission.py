@@ -52,9 +52,17 @@ def demotable(tenants) -> list[TenantView]:
 
 
 def evictable(tenants, now: float) -> list[TenantView]:
-    """Idle, unpinned models whose keep-alive has passed, least recently used first."""
+    """Idle, unpinned models whose keep-alive has passed, least recently used first (the reaper's)."""
     return sorted((t for t in tenants if not t.pinned and t.idle and t.expires_at <= now),
                   key=lambda t: t.last_used)
+
+
+def reclaimable(tenants, now: float) -> list[TenantView]:
+    """What a load may unload for room: every idle, unpinned model, those whose keep-alive has
+    passed first, then least recently used first. Keep-alive says how long an idle model stays
+    when nobody needs its room (Ollama's scheduler); pinned models always stay."""
+    return sorted((t for t in tenants if not t.pinned and t.idle),
+                  key=lambda t: (t.expires_at > now, t.last_used))
 
 
 def admit(needed: int, free: int, tenants, now: float, what: str) -> Decision:
@@ -72,7 +80,7 @@ def admit(needed: int, free: int, tenants, now: float, what: str) -> Decision:
         demoted.add(t.weight_set)
         gain += t.w16_bytes
     left = {k: len(v) for k, v in _sets(tenants).items()}  # users not yet unloaded, per set
-    for t in evictable(tenants, now):
+    for t in reclaimable(tenants, now):
         if free + gain >= needed:
             break
         unload.append(t.name)

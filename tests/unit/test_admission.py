@@ -30,18 +30,20 @@ def test_a_shared_copy_is_demoted_once_and_only_when_every_user_is_idle_and_unpi
     assert demotable([a, view("b", ws="F", w16=40, pinned=True)]) == []
 
 
-def test_unloads_expired_idle_models_and_counts_shared_weights_only_with_the_last_user():
-    a = view("a", ws="F", own=10, set_bytes=100)
-    b = view("b", ws="F", own=10, set_bytes=100, expires_at=math.inf)  # never expires
-    with pytest.raises(PoolExhausted) as e:
-        admit(50, 0, [a, b], NOW, "loading c")
-    assert e.value.freeable == 10  # a's KV only: b keeps the weights
-    d = admit(120, 0, [a, view("b", ws="F", own=10, set_bytes=100, last_used=2)], NOW, "x")
+def test_unloads_idle_models_expired_first_and_counts_shared_weights_only_with_the_last_user():
+    a = view("a", ws="F", own=10, set_bytes=100, last_used=5)
+    b = view("b", ws="F", own=10, set_bytes=100, expires_at=math.inf, last_used=1)  # never expires, older
+    d = admit(10, 0, [a, b], NOW, "x")
+    assert d.unload == ("a",) and d.frees == 10  # the expired one first, though b is older; b keeps the weights
+    d = admit(50, 0, [a, b], NOW, "loading c")
     assert d.unload == ("a", "b") and d.frees == 120
+    with pytest.raises(PoolExhausted) as e:
+        admit(121, 0, [a, b], NOW, "loading c")
+    assert e.value.freeable == 120
 
 
 def test_refusal_names_needed_free_and_freeable_and_decides_nothing():
-    t = [view("pinned", pinned=True, w16=40), view("busy", idle=False, w16=40), view("fresh", expires_at=NOW + 1)]
+    t = [view("pinned", pinned=True, w16=40), view("busy", idle=False, w16=40)]
     with pytest.raises(PoolExhausted) as e:
         admit(10, 5, t, NOW, "loading z")
     assert (e.value.needed, e.value.free, e.value.freeable) == (10, 5, 0)

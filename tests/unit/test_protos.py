@@ -60,7 +60,7 @@ def test_service_shape():
     assert streaming == {"LoadModel", "Generate", "Chat"}
     assert not any(m.client_streaming for m in svc.methods)
     assert {m.name for m in svc.methods} == {
-        "LoadModel", "UnloadModel", "ListModels", "GetStatus", "Generate", "Chat", "Tokenize",
+        "LoadModel", "UnloadModel", "ListModels", "ListAvailable", "GetStatus", "Generate", "Chat", "Tokenize",
         "Detokenize", "SetModelOptions", "Demote", "Promote"}
 
 

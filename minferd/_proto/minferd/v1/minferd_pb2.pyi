@@ -74,6 +74,49 @@ class ListModelsResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
+class ListAvailableRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AvailableModel(_message.Message):
+    __slots__ = ("name", "path", "file_bytes", "architecture", "type_mix", "loaded", "plan", "plan_reason", "bytes", "fits", "error")
+    class TypeMixEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_MIX_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    PLAN_REASON_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    file_bytes: int
+    architecture: str
+    type_mix: _containers.ScalarMap[str, int]
+    loaded: bool
+    plan: str
+    plan_reason: str
+    bytes: ByKind
+    fits: bool
+    error: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., file_bytes: _Optional[int] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., loaded: _Optional[bool] = ..., plan: _Optional[str] = ..., plan_reason: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., fits: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ListAvailableResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[AvailableModel]
+    def __init__(self, models: _Optional[_Iterable[_Union[AvailableModel, _Mapping]]] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

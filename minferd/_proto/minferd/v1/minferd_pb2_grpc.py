@@ -51,6 +51,11 @@ class MinferdStub:
                 request_serializer=minferd_dot_v1_dot_minferd__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=minferd_dot_v1_dot_minferd__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.ListAvailable = channel.unary_unary(
+                '/minferd.v1.Minferd/ListAvailable',
+                request_serializer=minferd_dot_v1_dot_minferd__pb2.ListAvailableRequest.SerializeToString,
+                response_deserializer=minferd_dot_v1_dot_minferd__pb2.ListAvailableResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/minferd.v1.Minferd/GetStatus',
                 request_serializer=minferd_dot_v1_dot_minferd__pb2.GetStatusRequest.SerializeToString,
@@ -114,6 +119,13 @@ class MinferdServicer:
 
     def ListModels(self, request, context):
         """The loaded models.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAvailable(self, request, context):
+        """The model files the daemon may load (its --models-dir), each with what a load would take.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +204,11 @@ def add_MinferdServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=minferd_dot_v1_dot_minferd__pb2.ListModelsRequest.FromString,
                     response_serializer=minferd_dot_v1_dot_minferd__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'ListAvailable': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAvailable,
+                    request_deserializer=minferd_dot_v1_dot_minferd__pb2.ListAvailableRequest.FromString,
+                    response_serializer=minferd_dot_v1_dot_minferd__pb2.ListAvailableResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -317,6 +334,33 @@ class Minferd:
             '/minferd.v1.Minferd/ListModels',
             minferd_dot_v1_dot_minferd__pb2.ListModelsRequest.SerializeToString,
             minferd_dot_v1_dot_minferd__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAvailable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minferd.v1.Minferd/ListAvailable',
+            minferd_dot_v1_dot_minferd__pb2.ListAvailableRequest.SerializeToString,
+            minferd_dot_v1_dot_minferd__pb2.ListAvailableResponse.FromString,
             options,
             channel_credentials,
             insecure,
