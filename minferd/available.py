@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from minferd.config import DEFAULT_CTX, MAX_LISTED_FILES
-from minferd.errors import MinferdError
+from minferd.errors import MinferdError, NotFound, excerpt
 from minferd.model.loader import open_model_file
 from minferd.paths import open_model_source
 from minferd.pool.estimator import estimate
@@ -42,6 +42,19 @@ def describe(host, models_dirs, name: str, path: Path) -> dict:
                 "fits": p.total <= host.ledger.free()}
     finally:
         mf.close()
+
+
+def ensure_loaded(host, models_dirs, name: str, keep_alive: float) -> None:
+    """Load on demand, as Ollama does: a model that is not loaded but is a file of models_dirs
+    (by stem, or file name) is loaded with the defaults; a name that is neither is NotFound. Two
+    requests for one such name share the load (the host waits on a twin load)."""
+    if host.has_model(name):
+        return
+    path = model_files(models_dirs).get(name.removesuffix(".gguf"))
+    if path is None:
+        raise NotFound(f"no model named {excerpt(name)} is loaded or in the models directories")
+    from minferd.host_load import LoadOptions
+    host.load(name, open_model_source(path.name, models_dirs), LoadOptions(keep_alive=keep_alive))
 
 
 def available(host, models_dirs) -> list[dict]:

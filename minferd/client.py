@@ -116,9 +116,12 @@ class Client:
         return self.pb.SamplingParams(**kw)
 
     def generate(self, model: str, prompt: str | list[int], on_text=None, add_special: bool | None = None,
-                 **sampling) -> dict:
-        """Completes `prompt` (text, or token ids fed exactly); on_text(piece) as each piece arrives."""
+                 keep_alive: float | None = None, **sampling) -> dict:
+        """Completes `prompt` (text, or token ids fed exactly); on_text(piece) as each piece arrives.
+        keep_alive: the model's keep-alive from this request on (None: unchanged)."""
         req = self.pb.GenerateRequest(model=model, sampling=self.sampling(**sampling))
+        if keep_alive is not None:
+            req.keep_alive_seconds = keep_alive
         if isinstance(prompt, str):
             req.text = prompt
         else:
@@ -127,10 +130,13 @@ class Client:
             req.add_special = add_special
         return self._collect(self.stub.Generate, req, on_text)
 
-    def chat(self, model: str, messages: list[dict], on_text=None, **sampling) -> dict:
+    def chat(self, model: str, messages: list[dict], on_text=None, keep_alive: float | None = None,
+             **sampling) -> dict:
         msgs = [self.pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-        return self._collect(self.stub.Chat, self.pb.ChatRequest(model=model, messages=msgs,
-                                                                  sampling=self.sampling(**sampling)), on_text)
+        req = self.pb.ChatRequest(model=model, messages=msgs, sampling=self.sampling(**sampling))
+        if keep_alive is not None:
+            req.keep_alive_seconds = keep_alive
+        return self._collect(self.stub.Chat, req, on_text)
 
     def _collect(self, method, req, on_text) -> dict:
         pieces, ids = [], []

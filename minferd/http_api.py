@@ -23,12 +23,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from minferd import config
-from minferd.available import model_files
+from minferd.available import ensure_loaded, model_files
 from minferd.errors import (Aborted, Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound, PermissionDenied,
                             excerpt)
-from minferd.host import Host, LoadOptions
+from minferd.host import Host
 from minferd.model.sampler import SamplingParams
-from minferd.paths import open_model_source
 from minferd.pool.ledger import PoolExhausted
 from minferd.server import CHAT_ROLES, _check_text_fits
 
@@ -66,7 +65,6 @@ class OpenAIFront:
     def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
         self.token = token
-        self._loading = threading.Lock()  # loads on demand, one at a time (the host refuses twins anyway)
         self.app = Starlette(routes=[
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -103,15 +101,7 @@ class OpenAIFront:
         """A loaded model's name, loading a file of --models-dir of that name first where needed."""
         if not isinstance(name, str) or not name:
             raise HttpError(400, "model: a model name is required")
-        if self.host.has_model(name):
-            return name
-        path = self.files().get(name.removesuffix(".gguf"))
-        if path is None:
-            raise NotFound(f"no model named {excerpt(name)} is loaded or in the models directories")
-        with self._loading:
-            if not self.host.has_model(name):
-                self.host.load(name, open_model_source(path.name, self.models_dirs),
-                               LoadOptions(keep_alive=self.keep_alive))
+        ensure_loaded(self.host, self.models_dirs, name, self.keep_alive)
         return name
 
     # ---- requests -----------------------------------------------------------------------------
@@ -198,6 +188,11 @@ class OpenAIFront:
         make_ids = self._chat_ids if chat else self._prompt_ids
         ids = await run_in_threadpool(make_ids, name, body.get("messages") if chat else body.get("prompt"))
         params = self._params(body, len(ids), self.host.get(name).ctx)
+        keep = body.get("keep_alive")  # Ollama's field, in seconds: 0 unloads once idle, negative keeps
+        if keep is not None:
+            if isinstance(keep, bool) or not isinstance(keep, (int, float)) or keep != keep:
+                raise HttpError(400, f"keep_alive: seconds as a number, got {excerpt(repr(keep))}")
+            self.host.set_keep_alive(name, float(keep))
         reply = Reply(name, chat, len(ids), bool((body.get("stream_options") or {}).get("include_usage")))
         cancel = threading.Event()
         events = self.host.stream(name, ids, params, cancel=cancel)

@@ -205,9 +205,17 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         return pb2.Status(pool=pb2.PoolInfo(**st["pool"]), models=[model_info(m) for m in st["models"]],
                           events=st["events"])
 
+    def _prepare_model(self, request) -> None:
+        """Load on demand (a file of --models-dir by that name), then the request's keep-alive."""
+        from minferd.available import ensure_loaded
+        ensure_loaded(self.host, self.models_dirs, request.model, self.keep_alive)
+        if request.HasField("keep_alive_seconds"):
+            self.host.set_keep_alive(request.model, _keep_alive(request.keep_alive_seconds))
+
     @_edge
     def Generate(self, request, context):
         params = sampling(request.sampling)
+        self._prepare_model(request)
         if request.WhichOneof("prompt") == "ids":
             ids = list(request.ids.ids)
         else:
@@ -228,6 +236,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     @_edge
     def Chat(self, request, context):
         _check_chat(request.messages)
+        self._prepare_model(request)
         lm = self.host.get(request.model)
         msgs = [{"role": m.role, "content": m.content} for m in request.messages]
         text = lm.ws.tokenizer.render_chat(msgs)

@@ -1,5 +1,6 @@
 """ListAvailable and `minferctl ls`: the files of --models-dir as a load would see them, from
-their headers alone, a refused file saying why without hiding the others."""
+their headers alone, a refused file saying why without hiding the others; and a request naming
+one of those files loads it on demand."""
 from __future__ import annotations
 
 import json
@@ -43,5 +44,11 @@ def test_the_models_directory_as_a_load_would_see_it(tmp_path):
                                          capture_output=True, text=True, timeout=60).stdout)
         assert {r["name"]: r.get("loaded") for r in rows} == {"broken": False, "llama": False, "qwen2": True}
         assert [m.name for m in d.status().models] == ["qwen2"]  # listing loaded nothing
+
+        # A Generate naming a file of --models-dir loads it on demand (as Ollama does).
+        events = list(d.stub().Generate(pb2.GenerateRequest(model="llama", text="hello",
+                                                            sampling=pb2.SamplingParams(max_tokens=3))))
+        assert events[-1].finish_reason in ("length", "stop")
+        assert sorted(m.name for m in d.status().models) == ["llama", "qwen2"]
     finally:
         d.stop()

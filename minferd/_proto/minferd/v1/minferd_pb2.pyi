@@ -265,18 +265,20 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "ids", "sampling", "add_special")
+    __slots__ = ("model", "text", "ids", "sampling", "add_special", "keep_alive_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     ids: TokenIds
     sampling: SamplingParams
     add_special: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., add_special: _Optional[bool] = ...) -> None: ...
+    keep_alive_seconds: float
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., add_special: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("text", "token_id", "finish_reason", "timings")
@@ -319,14 +321,16 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("model", "messages", "sampling")
+    __slots__ = ("model", "messages", "sampling", "keep_alive_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling: SamplingParams
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    keep_alive_seconds: float
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., keep_alive_seconds: _Optional[float] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "text", "add_special")
