@@ -62,9 +62,9 @@ def error_response(e: BaseException) -> JSONResponse:
 
 
 class OpenAIFront:
-    def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None):
+    def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None, metrics=None):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
-        self.token = token
+        self.token, self.metrics = token, metrics
         self.app = Starlette(routes=[
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -194,13 +194,22 @@ class OpenAIFront:
                 raise HttpError(400, f"keep_alive: seconds as a number, got {excerpt(repr(keep))}")
             self.host.set_keep_alive(name, float(keep))
         reply = Reply(name, chat, len(ids), bool((body.get("stream_options") or {}).get("include_usage")))
-        cancel = threading.Event()
+        cancel, t0 = threading.Event(), time.perf_counter()
+
+        def ended():
+            cancel.set()  # the client went away (or the answer is complete): the engine drops it
+            if self.metrics:
+                r = reply.result
+                self.metrics.request(name, r.finish_reason if r else "cancelled", len(ids),
+                                     len(r.token_ids) if r else reply.pieces, time.perf_counter() - t0,
+                                     r.timings if r else None)
+
         events = self.host.stream(name, ids, params, cancel=cancel)
         if not body.get("stream"):
             try:
                 return JSONResponse(await run_in_threadpool(reply.whole, events))
             finally:
-                cancel.set()
+                ended()
         first = await run_in_threadpool(next, events, None)  # a refusal is still an HTTP error here
 
         async def sse():
@@ -209,7 +218,7 @@ class OpenAIFront:
                     yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
-                cancel.set()  # the client went away (or the stream ended): the engine drops it
+                ended()
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
@@ -222,13 +231,14 @@ class Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{next(_ids)}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.result, self.pieces = None, 0  # the GenerationResult once done; tokens seen so far
 
     def usage(self, res) -> dict:
         return {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids),
                 "total_tokens": res.prompt_tokens + len(res.token_ids)}
 
     def whole(self, events) -> dict:
-        res = next(a for kind, a, _ in events if kind == "done")
+        res = self.result = next(a for kind, a, _ in events if kind == "done")
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": res.text}}
         else:
@@ -251,9 +261,12 @@ class Reply:
         if self.chat:
             yield self._chunk(None, None, first=True)
         for kind, a, b in itertools.chain([first] if first else [], events):
-            if kind == "piece" and b:
-                yield self._chunk(b, None)
+            if kind == "piece":
+                self.pieces += a >= 0
+                if b:
+                    yield self._chunk(b, None)
             elif kind == "done":
+                self.result = a
                 last = self._chunk(None, FINISH.get(a.finish_reason, a.finish_reason))
                 if self.usage_in_stream:
                     last["usage"] = self.usage(a)

@@ -254,23 +254,31 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         if not context.add_callback(gone.set):
             gone.set()
         events = self.host.stream(model, ids, params, cancel=gone)
+        outcome, generated, timings = "cancelled", 0, None  # what a request the client left counts as
         try:
             for kind, a, b in events:
                 if kind == "piece":
+                    if a >= 0:
+                        if not generated and self.metrics:
+                            self.metrics.first_token(model, time.perf_counter() - t0)
+                        generated += 1
                     yield pb2.GenerateEvent(text=b, token_id=a)
                 else:
                     res = a
-                    t = res.timings
-                    if self.metrics:
-                        self.metrics.request(model, res.prompt_tokens, len(res.token_ids), time.perf_counter() - t0,
-                                            res.timings.get("cached_tokens", 0))
+                    t = timings = res.timings
+                    outcome, generated = res.finish_reason, len(res.token_ids)
                     yield pb2.GenerateEvent(token_id=-1, finish_reason=res.finish_reason, timings=pb2.Timings(
                         prompt_tokens=res.prompt_tokens, generated_tokens=len(res.token_ids),
                         prefill_ms=t["prefill_ms"], decode_ms=t["decode_ms"],
                         prefill_tok_s=t["prefill_tok_s"], decode_tok_s=t["decode_tok_s"],
                         cached_tokens=t.get("cached_tokens", 0), preemptions=t.get("preemptions", 0)))
+        except Exception as e:
+            outcome = status_code(e).name
+            raise
         finally:
             events.close()
+            if self.metrics:
+                self.metrics.request(model, outcome, len(ids), generated, time.perf_counter() - t0, timings)
 
     @_edge
     def Tokenize(self, request, context):

@@ -241,7 +241,7 @@ def test_metrics(tmp_path, models):
         import re
         scraped = float(re.search(r'minferd_pool_bytes\{device="cpu",state="used"\} (\S+)', text).group(1))
         assert scraped == d.status().pool.used_bytes > 0  # the ledger, as status shows it
-        for name in ("minferd_model_bytes{", 'minferd_requests_total{model="m"} 1.0', "minferd_request_seconds_bucket",
+        for name in ("minferd_model_bytes{", 'minferd_requests_total{model="m",outcome="length"} 1.0', "minferd_request_seconds_bucket",
                      'minferd_refusals_total{code="NOT_FOUND"} 1.0', 'minferd_tokens_total{kind="generated",model="m"}'):
             assert name in text, name
     finally:
