@@ -215,7 +215,9 @@ def minferd_model(minferd_client):
     handles: dict[tuple, ModelHandle] = {}
 
     def get(path, name: str | None = None, **opts) -> ModelHandle:
-        real = os.path.realpath(path)
+        from minferd.model.loader import PACKAGED_MODELS
+        # A packaged model's name (gemma3-270m) goes to the daemon as it is: it is no file here.
+        real = path if path in PACKAGED_MODELS else os.path.realpath(path)
         key = (real, name, tuple(sorted(opts.items())))
         if key not in handles:
             handles[key] = ModelHandle(minferd_client, real, name or model_name(real, opts), opts)
