@@ -368,6 +368,8 @@ def main(argv=None) -> int:
         if code == grpc.StatusCode.UNAVAILABLE and _unreachable(details):
             why = details.rsplit(": ", 1)[-1]  # grpc's chain of causes ends in the one a person knows
             details = f"cannot reach minferd at {address} ({why}); is `minferd serve` running?"
+        if getattr(args, "json", False):  # a script reading --json output gets its error as JSON too
+            print(json.dumps({"error": {"code": code.name, "message": details}}))
         print(f"minferctl: {code.name}: {details}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the stream was cancelled on the way out (Client._stream)

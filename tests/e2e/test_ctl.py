@@ -161,6 +161,8 @@ def test_errors_exit_1_with_the_code_name(q, daemon, args, code):
     p = ctl(daemon.address, *args, "-q" if args[0] == "load" else "--json", ok=False)
     assert p.returncode == 1 and p.stderr.startswith(f"minferctl: {code}: "), p.stderr
     assert len(p.stderr.strip().splitlines()) == 1  # one line a person can act on (the bar is off: -q)
+    if "--json" in p.args:  # and one a script can parse
+        assert json.loads(p.stdout)["error"]["code"] == code
 
 
 def test_no_daemon_is_unavailable(tmp_path):
