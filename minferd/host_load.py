@@ -181,6 +181,9 @@ class LoadMixin:
                 problem = ws.tokenizer.check_chat_template()
                 if problem:  # it still generates; Chat on it answers FAILED_PRECONDITION naming this
                     log.warning("%s: %s", ws.file.path.name, problem)
+                elif not ws.tokenizer.has_chat_template:  # a base model: its chats may read oddly
+                    log.warning("%s carries no chat template: Chat renders the %s architecture's default",
+                                ws.file.path.name, ws.file.spec.arch)
                 ws.backend = backend  # frees the weights once the set's last user goes
                 ws.weights = upload_weights(ws.file, backend, self.allocator.for_model(ws.tag), p.matmul_path,
                                             progress)

@@ -316,6 +316,11 @@ class Tokenizer:
         return self._template or chat_template.default_template(
             self.architecture, lambda t: self._hf.token_to_id(t) is not None)
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the file carries its own template (else Chat renders the architecture's default)."""
+        return bool(self._template)
+
     def check_chat_template(self) -> str | None:
         """None when the model's chat template compiles, else its problem in one line, with the line
         number. Cheap (one compile, cached); host.load calls it so that a bad template shows when the
