@@ -29,7 +29,7 @@ from minferd.errors import (Aborted, Conflict, InvalidRequest, MinferdError, Mod
 from minferd.host import Host
 from minferd.model.sampler import SamplingParams
 from minferd.pool.ledger import PoolExhausted
-from minferd.server import CHAT_ROLES, _check_text_fits
+from minferd.request_checks import CHAT_ROLES, check_chat, check_room, check_text_fits
 
 # (HTTP status, OpenAI error type) per domain error; anything else is a 500.
 ERRORS = ((InvalidRequest, 400, "invalid_request_error"), (ModelFileError, 400, "invalid_request_error"),
@@ -138,9 +138,8 @@ class OpenAIFront:
             kw[field] = kind(v)
         if kw.get("seed") is not None and kw["seed"] < 0:
             kw["seed"] &= (1 << 64) - 1  # OpenAI clients send signed seeds
-        if "max_tokens" in kw and n_prompt + kw["max_tokens"] > ctx:
-            raise HttpError(400, f"prompt ({n_prompt} tokens) + max_tokens ({kw['max_tokens']}) exceeds the "
-                                 f"model's context of {ctx}")
+        if "max_tokens" in kw:
+            check_room(n_prompt, kw["max_tokens"], ctx)
         kw.setdefault("max_tokens", max(1, min(DEFAULT_MAX_TOKENS, ctx - n_prompt)))
         stop = body.get("stop") or ()
         stop = (stop,) if isinstance(stop, str) else stop
@@ -151,15 +150,15 @@ class OpenAIFront:
     def _prompt_ids(self, name: str, prompt) -> list[int]:
         lm = self.host.get(name)
         if isinstance(prompt, str):
-            _check_text_fits(lm.ws.tokenizer, prompt, lm.ctx)
+            check_text_fits(lm.ws.tokenizer, prompt, lm.ctx)
             return lm.ws.tokenizer.encode(prompt, add_special=True)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         raise HttpError(400, "prompt: a string or a list of token ids (one prompt per request)")
 
     def _chat_ids(self, name: str, messages) -> list[int]:
-        if not isinstance(messages, list) or not messages or len(messages) > config.MAX_CHAT_MESSAGES:
-            raise HttpError(400, f"messages: a list of 1 to {config.MAX_CHAT_MESSAGES} messages")
+        if not isinstance(messages, list) or not messages:
+            raise HttpError(400, "messages: a list of one or more messages")
         msgs = []
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
@@ -168,12 +167,10 @@ class OpenAIFront:
             if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(content, str):
                 raise HttpError(400, f"messages: each needs a role of {', '.join(sorted(CHAT_ROLES))} and text content")
             msgs.append({"role": m["role"], "content": content})
-        size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
-        if size > config.MAX_TOKENIZE_BYTES:
-            raise HttpError(400, f"messages' content: {size} bytes, at most {config.MAX_TOKENIZE_BYTES}")
+        check_chat([(m["role"], m["content"]) for m in msgs])  # the bounds gRPC's Chat meets
         lm = self.host.get(name)
         text = lm.ws.tokenizer.render_chat(msgs)
-        _check_text_fits(lm.ws.tokenizer, text, lm.ctx)
+        check_text_fits(lm.ws.tokenizer, text, lm.ctx)
         return lm.ws.tokenizer.encode(text, add_special=True)
 
     async def completions(self, request: Request):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import os
 import queue
 import threading
@@ -28,13 +27,13 @@ from minferd.errors import (
     ModelFileError,
     NotFound,
     PermissionDenied,
-    excerpt,
 )
 from minferd.host import Host, LoadOptions
 from minferd.model.sampler import SamplingParams
 from minferd.paths import open_model_source
 from minferd.pool.ledger import PoolExhausted
 from minferd.priority import lower_this_thread
+from minferd.request_checks import bound, check_chat, check_room, check_text_fits, keep_alive_seconds, utf8_len
 
 log = logging.getLogger("minferd")
 
@@ -83,51 +82,6 @@ def model_info(d: dict) -> pb2.ModelInfo:
                          engine=pb2.EngineInfo(**d["engine"]))
 
 
-# Roles the proto names, plus "tool" (templates render tool results). Anything else went into
-# the template verbatim (ChatML printed an empty or made-up role as markup): refused instead.
-CHAT_ROLES = frozenset(("system", "user", "assistant", "tool"))
-
-
-def _keep_alive(seconds: float) -> float:
-    # NaN passed every comparison in the reaper and meant "forever" while status showed NaN.
-    if math.isnan(seconds):
-        raise InvalidRequest("keep_alive_seconds is NaN: give seconds, 0 (unload when idle) or negative (forever)")
-    return seconds
-
-
-def _check_text_fits(tok, text: str, ctx: int) -> None:
-    """A text that must tokenize to more than ctx tokens is refused before tokenizing it: no token
-    stands for more than tok.max_piece_bytes bytes. Tokenizing a 16 MiB prompt only to refuse it
-    took tens of seconds and held the model's tokenizer meanwhile."""
-    n = len(text.encode("utf-8", "surrogatepass"))
-    if n > ctx * tok.max_piece_bytes:
-        raise InvalidRequest(f"prompt of {n} bytes cannot fit the model's context of {ctx} tokens "
-                             f"(no token covers more than {tok.max_piece_bytes} bytes)")
-
-
-def _bound(field: str, size: int, limit: int, unit: str, verb: str = "given") -> None:
-    """A client's input past its bound (config.py) is refused before any work on it: a 3.5 M-id
-    Detokenize built a 168 MB answer, a Tokenize of 16 MiB held the tokenizer for seconds."""
-    if size > limit:
-        raise InvalidRequest(f"{field}: {size} {unit} {verb}, at most {limit}")
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _check_chat(messages) -> None:
-    """What a Chat request must be before its template runs."""
-    _bound("messages", len(messages), config.MAX_CHAT_MESSAGES, "messages")
-    if not messages:
-        raise InvalidRequest("chat has no messages")
-    bad = next((m.role for m in messages if m.role not in CHAT_ROLES), None)
-    if bad is not None:
-        raise InvalidRequest(f"chat message role {excerpt(bad)} is not one of {', '.join(sorted(CHAT_ROLES))}")
-    # The rendered prompt is tokenized next: its text is bounded as Tokenize's is.
-    _bound("messages' content", sum(_utf8_len(m.content) for m in messages), config.MAX_TOKENIZE_BYTES, "bytes")
-
-
 def sampling(p: pb2.SamplingParams) -> SamplingParams:
     kw = {f: getattr(p, f) for f in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                                     "seed", "max_tokens") if p.HasField(f)}
@@ -152,7 +106,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         if request.matmul_path != pb2.MATMUL_PATH_AUTO and request.matmul_path not in PATHS:
             # proto3 enums are open: an unknown number silently meant "auto"
             raise InvalidRequest(f"matmul_path {request.matmul_path} is not one of AUTO, W16, MMQ, FUSED_B")
-        keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else self.keep_alive
+        keep = keep_alive_seconds(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else self.keep_alive
         opts = LoadOptions(PATHS.get(request.matmul_path), request.ctx or None, request.pinned, keep,
                            request.parallel or None, request.kv_tokens or None)
         # Opened once, after the checks above (they hold no descriptor); the host reads through it.
@@ -210,7 +164,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         from minferd.available import ensure_loaded
         ensure_loaded(self.host, self.models_dirs, request.model, self.keep_alive)
         if request.HasField("keep_alive_seconds"):
-            self.host.set_keep_alive(request.model, _keep_alive(request.keep_alive_seconds))
+            self.host.set_keep_alive(request.model, keep_alive_seconds(request.keep_alive_seconds))
 
     @_edge
     def Generate(self, request, context):
@@ -221,26 +175,23 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         else:
             add = request.add_special if request.HasField("add_special") else True
             lm = self.host.get(request.model)
-            _check_text_fits(lm.ws.tokenizer, request.text, lm.ctx)
+            check_text_fits(lm.ws.tokenizer, request.text, lm.ctx)
             ids = lm.ws.tokenizer.encode(request.text, add_special=add)
         self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, params, context)
 
     def _check_room(self, model: str, ids, sp: pb2.SamplingParams) -> None:
-        """An explicit max_tokens that cannot fit after the prompt is an error, not a silent cut."""
-        ctx = self.host.get(model).ctx
-        if sp.HasField("max_tokens") and len(ids) + sp.max_tokens > ctx:
-            raise InvalidRequest(f"prompt ({len(ids)} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
-                                 f"model's context of {ctx}; load it with a larger ctx or ask for fewer tokens")
+        if sp.HasField("max_tokens"):
+            check_room(len(ids), sp.max_tokens, self.host.get(model).ctx)
 
     @_edge
     def Chat(self, request, context):
-        _check_chat(request.messages)
+        check_chat([(m.role, m.content) for m in request.messages])
         self._prepare_model(request)
         lm = self.host.get(request.model)
         msgs = [{"role": m.role, "content": m.content} for m in request.messages]
         text = lm.ws.tokenizer.render_chat(msgs)
-        _check_text_fits(lm.ws.tokenizer, text, lm.ctx)
+        check_text_fits(lm.ws.tokenizer, text, lm.ctx)
         ids = lm.ws.tokenizer.encode(text, add_special=True)
         self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, sampling(request.sampling), context)
@@ -282,13 +233,13 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Tokenize(self, request, context):
-        _bound("text", _utf8_len(request.text), config.MAX_TOKENIZE_BYTES, "bytes")
+        bound("text", utf8_len(request.text), config.MAX_TOKENIZE_BYTES, "bytes")
         add = request.add_special if request.HasField("add_special") else True
         return pb2.TokenizeResponse(ids=self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add))
 
     @_edge
     def Detokenize(self, request, context):
-        _bound("ids", len(request.ids), config.MAX_DETOKENIZE_IDS, "ids")
+        bound("ids", len(request.ids), config.MAX_DETOKENIZE_IDS, "ids")
         tok = self.host.get(request.model).ws.tokenizer
         ids = list(request.ids)
         bad = [i for i in ids if not 0 <= i < tok.vocab_size]
@@ -296,12 +247,12 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})")
         # What one may tokenize one may detokenize: the answer is bounded as Tokenize's text is, and
         # counted from the pieces' lengths before any of it is built.
-        _bound("ids", tok.decoded_bytes(ids), config.MAX_TOKENIZE_BYTES, "bytes of text", "would decode to")
+        bound("ids", tok.decoded_bytes(ids), config.MAX_TOKENIZE_BYTES, "bytes of text", "would decode to")
         return pb2.DetokenizeResponse(text=tok.decode(ids))
 
     @_edge
     def SetModelOptions(self, request, context):
-        keep = _keep_alive(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else None
+        keep = keep_alive_seconds(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else None
         if request.HasField("pinned"):
             self.host.set_pinned(request.name, request.pinned)
         if keep is not None:

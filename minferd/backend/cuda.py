@@ -17,7 +17,6 @@ import numpy as np
 from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
-from minferd.backend.batch import Batch
 from minferd.backend.cuda_graph import DecodeGraph, decode_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.kernels import module
@@ -133,8 +132,7 @@ class CudaBackend(Backend):
 
     def prepare(self, batch) -> None:
         """The batch's index arrays on the device, in one copy (a captured graph's batch comes
-        with its own buffers). A prefill sequence's keys are gathered by their slots, unless
-        they sit at slots 0.. already (a cache of one sequence)."""
+        with its own buffers); a mixed step's also what its attention reads (cuda_attention)."""
         if batch.dev:
             return
         last = batch.last_rows().astype(np.int32)
@@ -146,23 +144,7 @@ class CudaBackend(Backend):
             at += part.size
         batch.dev["block_tables"] = batch.dev["block_tables"].reshape(batch.block_tables.shape)
         if not batch.is_decode:
-            # A mixed step's decoding sequences attend together through their block tables;
-            # each prefilling one over its keys gathered in position order.
-            lens = np.diff(batch.q_starts)
-            one = np.flatnonzero(lens == 1)
-            if one.size:
-                batch.dev["decoding"] = (cp.asarray(batch.q_starts[one].astype(np.int64)),
-                                         Batch(batch.ids[one], batch.positions[one], batch.slots[one],
-                                               np.arange(one.size + 1, dtype=np.int32), batch.ctx_lens[one],
-                                               batch.block_tables[one], batch.block_size,
-                                               {"ctx_lens": cp.asarray(batch.ctx_lens[one]),
-                                                "block_tables": cp.asarray(batch.block_tables[one])}))
-            keys = []
-            for b in range(batch.n_seqs):
-                slots = batch.key_slots(b) if lens[b] > 1 else None
-                keys.append(None if slots is None or np.array_equal(slots, np.arange(slots.size))
-                            else cp.asarray(slots.astype(np.int32)))
-            batch.dev["key_slots"] = keys
+            cuda_attention.prepare_mixed(batch)
 
     # ---- matmul --------------------------------------------------------------------------
     def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
@@ -336,20 +318,7 @@ class CudaBackend(Backend):
         if batch.is_decode:
             xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
             return cuda_attention.decode(q, k, v, batch, window, scale, xq)
-        # Prefill (never captured): each sequence's chunk over its keys, gathered by slot; the
-        # host's copy of the batch says where (reading the device's would stall every layer).
-        out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
-        if "decoding" in batch.dev:
-            rows, sub = batch.dev["decoding"]
-            out[rows] = cuda_attention.decode(cp.ascontiguousarray(q[rows]), k, v, sub, window, scale)
-        for b in range(batch.n_seqs):
-            r0, r1, n_keys = int(batch.q_starts[b]), int(batch.q_starts[b + 1]), int(batch.ctx_lens[b])
-            if r1 - r0 == 1 and "decoding" in batch.dev:
-                continue
-            idx = batch.dev["key_slots"][b]
-            kb, vb = (k[:n_keys], v[:n_keys]) if idx is None else (k[idx], v[idx])
-            out[r0:r1] = cuda_attention.prefill(q[r0:r1], kb, vb, n_keys, n_keys - (r1 - r0), window, scale, layer)
-        return out
+        return cuda_attention.mixed(q, k, v, batch, window, scale, layer)
 
     def swiglu(self, gate, up):
         return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else self._act_gate16(_swiglu, gate, up)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from minferd.backend.batch import Batch
 from minferd.devices import DECODE_PARTIAL_ROWS
 from minferd.kernels import module
 from minferd.kernels.attn_decode import attn_decode, splits_for
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
 
+
 def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: int):
-    """q (n, hq, d) f32 of positions first.. first + n - 1, whose keys are already in the ring."""
+    """q (n, hq, d) f32 of positions first.. first + n - 1 over k, v: the sequence's keys in
+    position order (slots of them)."""
     n, hq, d = q.shape
     last = first + n - 1
     lo = max(0, last + 1 - slots)
@@ -53,4 +56,43 @@ def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None):
                  max(1, DECODE_PARTIAL_ROWS // B))  # what the scratch estimate allows
     attn_decode(q, k, v, batch.dev["block_tables"], batch.dev["ctx_lens"], out, block_size=batch.block_size,
                 window=window, scale=scale, splits=splits, xq=None if int8_x_args is None else int8_x_args(out))
+    return out
+
+
+def prepare_mixed(batch) -> None:
+    """What a step of prefilling and decoding sequences attends with, on the device: the
+    decoding ones (one new token) attend together through their block tables; each prefilling
+    one over its keys gathered in position order (by their slots, unless they sit at slots 0..
+    already: a cache of one sequence)."""
+    lens = np.diff(batch.q_starts)
+    one = np.flatnonzero(lens == 1)
+    if one.size:
+        batch.dev["decoding"] = (cp.asarray(batch.q_starts[one].astype(np.int64)),
+                                 Batch(batch.ids[one], batch.positions[one], batch.slots[one],
+                                       np.arange(one.size + 1, dtype=np.int32), batch.ctx_lens[one],
+                                       batch.block_tables[one], batch.block_size,
+                                       {"ctx_lens": cp.asarray(batch.ctx_lens[one]),
+                                        "block_tables": cp.asarray(batch.block_tables[one])}))
+    keys = []
+    for b in range(batch.n_seqs):
+        slots = batch.key_slots(b) if lens[b] > 1 else None
+        keys.append(None if slots is None or np.array_equal(slots, np.arange(slots.size))
+                    else cp.asarray(slots.astype(np.int32)))
+    batch.dev["key_slots"] = keys
+
+
+def mixed(q, k, v, batch, window: int, scale: float, layer: int):
+    """A step that is not all decoding (never captured): prepare_mixed's groups. The host's copy
+    of the batch says where each sequence's rows are (reading the device's would stall every layer)."""
+    out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
+    if "decoding" in batch.dev:
+        rows, sub = batch.dev["decoding"]
+        out[rows] = decode(cp.ascontiguousarray(q[rows]), k, v, sub, window, scale)
+    for b in range(batch.n_seqs):
+        r0, r1, n_keys = int(batch.q_starts[b]), int(batch.q_starts[b + 1]), int(batch.ctx_lens[b])
+        if r1 - r0 == 1 and "decoding" in batch.dev:
+            continue
+        idx = batch.dev["key_slots"][b]
+        kb, vb = (k[:n_keys], v[:n_keys]) if idx is None else (k[idx], v[idx])
+        out[r0:r1] = prefill(q[r0:r1], kb, vb, n_keys, n_keys - (r1 - r0), window, scale, layer)
     return out

@@ -3,8 +3,6 @@ pass, batched sequences keep their solo greedy tokens within the paths' agreemen
 ledger equals CuPy's pool through a batch of clients."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -22,13 +20,9 @@ from minferd.host import Host, LoadOptions  # noqa: E402
 from minferd.model.generate import generate  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from minferd.model.sampler import SamplingParams  # noqa: E402
+from tests.unit.test_engine import all_at_once, prompts  # noqa: E402 (the CPU tests' helpers)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
-
-
-def _prompts(n_vocab, sizes, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, n_vocab, size=n).tolist() for n in sizes]
 
 
 @pytest.mark.parametrize("path", ["w16", "mmq"])
@@ -58,21 +52,8 @@ def test_batched_sequences_keep_their_solo_tokens(synth_model, device_memory):
     mem = device_memory(limit=8 << 30)
     h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), 8 << 30, w16_min_bytes=0, device="cuda:0")
     lm = h.load("m", path, LoadOptions(ctx=256, parallel=16))
-    ps = _prompts(lm.model.spec.n_vocab, [5, 31, 33, 64, 90, 17, 3, 120, 44, 70, 12, 8])
-    out, errors = [None] * len(ps), []
-
-    def go(i):
-        try:
-            out[i] = h.generate("m", ps[i], GREEDY).token_ids
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(ps))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    ps = prompts(lm.model.spec.n_vocab, [5, 31, 33, 64, 90, 17, 3, 120, 44, 70, 12, 8])
+    out = [r.token_ids for r in all_at_once(h, "m", ps, GREEDY)]
     solo = [generate(lm.model, lm.ws.tokenizer, p, GREEDY, 256).token_ids for p in ps]
     # Batched matmuls take other kernels than a lone sequence's (cuBLAS on the f16 copy past 8
     # rows, the quantized mat-vec below): a near-tie of a random model's logits may go the other
