@@ -48,6 +48,7 @@ def status_dict(s) -> dict:
     p = s.pool
     pool = {k: getattr(p, k) for k in ("device", "capacity_bytes", "used_bytes", "reserved_bytes",
                                        "free_bytes", "total_bytes", "w16_min_bytes")}
+    pool.update(loading=list(p.loading), unloading=list(p.unloading))
     return {"pool": pool, "models": [model_dict(m) for m in s.models], "events": list(s.events)}
 
 

@@ -49,6 +49,7 @@ VALVES = {
     "MINFERD_FUSED_B": "1 plans every model FUSED_B",
     "MINFERD_PREFILL_KERNEL": "mmq | fused_b | tiles: one prefill kernel for every no-copy matmul",
     "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
+    "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
 }
 
 

@@ -92,6 +92,9 @@ def status_table(st: dict, now: float | None = None) -> str:
     groups = {tuple(sorted([m["name"], *m["shared_with"]])) for m in st["models"] if m["shared_with"]}
     if groups:  # one copy of the weights: a column sum would count it twice
         lines.append("shared weights: " + "; ".join(" + ".join(g) for g in sorted(groups)))
+    for doing in ("loading", "unloading"):
+        if p.get(doing):
+            lines.append(f"{doing}: " + ", ".join(p[doing]))
     if st["events"]:
         lines.append("recent: " + "; ".join(st["events"][-3:]))
     return "\n".join(lines)

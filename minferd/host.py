@@ -202,9 +202,10 @@ class Host(LoadMixin, W16Mixin):
             snap = self.ledger.snapshot()
             allocated = self.allocator.held_bytes()
             models = [report.model_info(lm, self.traits, snap) for lm in self.models.values()]
+            loading, unloading = list(self._loading), list(self._unloading)
         with self._events_lock:
             events = self.events[-50:]
-        return {"pool": report.pool_info(snap, self.device, self.w16_min_bytes, allocated),
+        return {"pool": report.pool_info(snap, self.device, self.w16_min_bytes, allocated, loading, unloading),
                 "models": models, "events": events}
 
     def model_info(self, lm: LoadedModel) -> dict:

@@ -75,14 +75,14 @@ class LoadMixin:
             mf.close()  # what the model needs is on the device now, or nothing is
 
     def _open(self, source) -> ModelFile:
-        """The checked file: a loaded one's as it was parsed at its first load (same descriptor
-        identity: the same bytes), else parsed now. A test suite loads one file under many names."""
+        """The checked file: a loaded one's parse (same descriptor identity: the same bytes) over
+        this source, else parsed now. A test suite loads one file under many names. The source
+        stays open: the loaded set may go before this load reserves, and then this load uploads."""
         src = source if isinstance(source, ModelSource) else ModelSource.open(source)
         with self._lock:
             ws = self.weight_sets.get(src.identity)
             if ws is not None and ws.ready.is_set() and ws.users:
-                src.close()
-                return ws.file
+                return ws.file.with_source(src)
         return open_model_file(src)  # closes the source itself when it refuses the file
 
     def _load(self, name, mf, ctx, opts, progress) -> LoadedModel:

@@ -9,10 +9,11 @@ from minferd.loaded import LoadedModel
 from minferd.pool.ledger import LedgerView
 
 
-def pool_info(snap: LedgerView, device: str, w16_min_bytes: int, allocated: int) -> dict:
+def pool_info(snap: LedgerView, device: str, w16_min_bytes: int, allocated: int, loading=(), unloading=()) -> dict:
     return {"device": device, "capacity_bytes": snap.capacity, "used_bytes": snap.held(),
             "reserved_bytes": snap.committed() - snap.held(), "free_bytes": snap.free(),
-            "w16_min_bytes": w16_min_bytes, "allocated_bytes": allocated}
+            "w16_min_bytes": w16_min_bytes, "allocated_bytes": allocated,
+            "loading": sorted(loading), "unloading": sorted(unloading)}
 
 
 def model_bytes(lm: LoadedModel, snap: LedgerView) -> dict[str, int]:

@@ -9,6 +9,7 @@ problem, before anything large is allocated.
 """
 from __future__ import annotations
 
+import copy
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -174,6 +175,14 @@ class GGUFFile:
 
     def close(self) -> None:
         self.source.close()
+
+    def with_source(self, source: ModelSource) -> "GGUFFile":
+        """This parse over another descriptor of the same file (the caller checked its identity):
+        a load that shares a loaded file's parse reads through its own descriptor, never the
+        first load's, which is closed once that load is done."""
+        twin = copy.copy(self)
+        twin.source = source
+        return twin
 
     def changed(self) -> str | None:
         """How the file differs from what was opened (see ModelSource.changed), or None."""

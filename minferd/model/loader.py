@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 
 from minferd.backend.base import Backend, Weight
+from minferd.config import valve
 from minferd.devices import MatmulPath
 from minferd.errors import ModelFileError
 from minferd.kernels.quant import SUPPORTED_NAMES
@@ -40,6 +41,9 @@ class ModelFile:
     def close(self) -> None:
         """Close the file's descriptor (once the weights are uploaded, or the load refused)."""
         self.gguf.close()
+
+    def with_source(self, source: ModelSource) -> "ModelFile":
+        return ModelFile(self.gguf.with_source(source), self.spec, self.tensors)
 
     def check_unchanged(self) -> None:
         """Refuse a file written to since it was opened: what was read may mix two files."""
@@ -98,6 +102,7 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
     weights: dict[str, Weight] = {}
     total = sum(t.n_bytes for t, _ in mf.tensors.values())
     done = 0
+    pause = float(valve("MINFERD_LOAD_PAUSE_S") or 0)
     try:
         for name, (t, role) in mf.tensors.items():
             w = backend.upload(mem, name, t.qtype, t.shape, mf.gguf.raw(name))
@@ -107,6 +112,8 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
             done += t.n_bytes
             if progress:
                 progress("weights", done, total)
+            if pause:
+                time.sleep(pause)
         mf.check_unchanged()
     except BaseException:
         backend.free(*weights.values())

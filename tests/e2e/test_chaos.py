@@ -200,12 +200,16 @@ class Chaos:
         st = None
         while time.monotonic() < end:
             st = self.s.GetStatus(pb2.GetStatusRequest(), timeout=OP_TIMEOUT)
-            calm = calm + 1 if not any(m.busy for m in st.models) and st.pool.reserved_bytes == 0 else 0
+            # An unload the keep-alive reaper (or a keep-alive 0 request's end) began holds its
+            # bytes under no listed model until its engine's step ends: wait for it too.
+            calm = calm + 1 if (not any(m.busy for m in st.models) and st.pool.reserved_bytes == 0
+                                and not st.pool.loading and not st.pool.unloading) else 0
             if calm >= 2:
                 return st
             time.sleep(0.1)
         self.violation(f"no quiet after {within:.0f} s: reserved {st.pool.reserved_bytes}, "
-                       f"busy {[m.name for m in st.models if m.busy]}")
+                       f"busy {[m.name for m in st.models if m.busy]}, loading {list(st.pool.loading)}, "
+                       f"unloading {list(st.pool.unloading)}")
         return None
 
     def check_books(self, st: pb2.Status, where: str) -> None:

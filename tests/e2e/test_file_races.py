@@ -32,12 +32,38 @@ def files(tmp_path_factory, synth_model):
     return SimpleNamespace(models=models, outside=outside, pristine=pristine)
 
 
+def start(tmp_path_factory, files, **env):
+    return Daemon(tmp_path_factory.mktemp("races-daemon"), "--models-dir", files.models, "--budget", "1GiB",
+                  "--threads", "1", env=env)
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, files):
-    d = Daemon(tmp_path_factory.mktemp("races-daemon"), "--models-dir", files.models, "--budget", "1GiB",
-               "--threads", "1")
+    d = start(tmp_path_factory, files)
     yield d
     assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def slow_daemon(tmp_path_factory, files):
+    """One that waits 20 ms after each tensor it uploads (~1 s a load of big.gguf): the client's
+    truncation lands mid-load however busy the machine. Without it a loaded CI runner's client saw
+    the progress event after the daemon had read everything, and the load succeeded."""
+    d = start(tmp_path_factory, files, MINFERD_LOAD_PAUSE_S="0.02")
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture(autouse=True)
+def unload_after(request):
+    """A test that fails leaves nothing loaded for the next (one flake failed nine tests)."""
+    yield
+    for name in ("daemon", "slow_daemon"):
+        if name in request.fixturenames:
+            d = request.getfixturevalue(name)
+            if d.proc.poll() is None:
+                for m in d.status().models:
+                    d.stub().UnloadModel(pb2.UnloadModelRequest(name=m.name))
 
 
 def assert_serving_and_empty(daemon):
@@ -70,16 +96,16 @@ MOMENTS = {  # progress event -> the truncation happens as soon as the client se
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
 @pytest.mark.parametrize("keep", [0, 0.5, 0.999])
-def test_truncated_while_loading_is_refused(daemon, files, moment, keep):
+def test_truncated_while_loading_is_refused(slow_daemon, files, moment, keep):
     """The daemon read tensor bytes through np.memmap: touching a page past the new end was SIGBUS
     (exit -7). Now a short pread, or the size differing from the one opened, is INVALID_ARGUMENT."""
     big = files.models / "big.gguf"
     shutil.copyfile(files.pristine, big)
     size = big.stat().st_size
-    code, msg = load_truncating(daemon.stub(), big, MOMENTS[moment], int(size * keep))
+    code, msg = load_truncating(slow_daemon.stub(), big, MOMENTS[moment], int(size * keep))
     assert code == C.INVALID_ARGUMENT, (code, msg)
     assert "big.gguf" in msg and "changed while loading" in msg, msg
-    assert_serving_and_empty(daemon)
+    assert_serving_and_empty(slow_daemon)
 
 
 def test_truncated_from_a_thread_at_random_moments(daemon, files):

@@ -155,6 +155,28 @@ def test_shared_file_shares_weights(tiny):
     check(h)
 
 
+
+def test_a_sharing_load_uploads_itself_when_the_loaded_file_goes_first(tiny, monkeypatch):
+    """b opens the file while a holds it, so b takes a's parse; a unloads before b reserves, so b
+    uploads after all. It read through a's closed descriptor: 'I/O operation on closed file'
+    (seen in the chaos test)."""
+    h = make_host(64 * MiB)
+    h.load("a", tiny, opts())
+    reserve = h._reserve
+
+    def unload_a_first(*args):
+        if "a" in h.models:
+            h.unload("a")
+        return reserve(*args)
+
+    monkeypatch.setattr(h, "_reserve", unload_a_first)
+    b = h.load("b", tiny, opts())
+    assert list(h.models) == ["b"] and b.ws.weights
+    assert h.ledger.held() == W16_TOTAL
+    check(h)
+    h.unload("b")
+    assert h.ledger.held() == 0
+
 def test_demoting_shared_weights_waits_for_every_user(tiny):
     """The f16 copy two models share is dropped only while neither is running a request: the
     drop waits for b's request in flight even though it runs through a."""

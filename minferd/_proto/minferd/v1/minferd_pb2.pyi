@@ -132,7 +132,7 @@ class Status(_message.Message):
     def __init__(self, pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ("device", "capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes", "total_bytes", "w16_min_bytes", "allocated_bytes")
+    __slots__ = ("device", "capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes", "total_bytes", "w16_min_bytes", "allocated_bytes", "loading", "unloading")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,8 @@ class PoolInfo(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     W16_MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOADING_FIELD_NUMBER: _ClassVar[int]
+    UNLOADING_FIELD_NUMBER: _ClassVar[int]
     device: str
     capacity_bytes: int
     used_bytes: int
@@ -149,7 +151,9 @@ class PoolInfo(_message.Message):
     total_bytes: int
     w16_min_bytes: int
     allocated_bytes: int
-    def __init__(self, device: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., w16_min_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ...) -> None: ...
+    loading: _containers.RepeatedScalarFieldContainer[str]
+    unloading: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., w16_min_bytes: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., unloading: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ByKind(_message.Message):
     __slots__ = ("weights", "w16", "kv", "scratch")
