@@ -9,6 +9,8 @@
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
+#   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
+#            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -72,6 +74,17 @@ if [ "$stage" = verify ]; then
     --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -12
   wait $build && /tmp/llama/build/bin/llama-bench -m /tmp/q7b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
     2>&1 | tee "$OUT/llama-bench.log" | tail -8
+fi
+if [ "$stage" = batch ]; then
+  timeout -s INT ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
+    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  q7b
+  for p in ${PATHS:-w16 mmq}; do
+    python3 bench/profile_ops.py /tmp/q7b.gguf --path $p --batch ${BATCHES:-1,4,16,64} --top 14 \
+      --json "$OUT/profile-batch-$p.json" 2>&1 | tee -a "$OUT/profile.log" | grep '^#'
+  done
+  python3 bench/crossover.py --types Q4_K,Q6_K --ns 1,2,4,8,16,32,64 --reps 10 --json "$OUT/crossover.json" \
+    2>&1 | tee "$OUT/crossover.log" | tail -3
 fi
 if [ "$stage" = serve ]; then
   # The build runs while the tests and the single-stream bench do; the serving bench waits for it

@@ -35,6 +35,10 @@ MAX_DETOKENIZE_IDS = 1 << 18  # Detokenize's ids
 MAX_CHAT_MESSAGES = 4096  # messages in one Chat
 MAX_LISTED_FILES = 1000  # model files ListAvailable reads (each a header parse)
 MAX_HTTP_BODY_BYTES = 16 << 20  # an HTTP request's JSON (gRPC's --max-message-bytes default)
+# Generations in progress on the HTTP front (Ollama's OLLAMA_MAX_QUEUE is 512); past it a request
+# gets 429 at once. Each one waits for its tokens in a thread of its own pool of this size, so no
+# number of them can starve the front's other endpoints.
+HTTP_MAX_REQUESTS = 512
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time
 MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
@@ -76,6 +80,7 @@ class ServeConfig:
     metrics_port: int | None = None  # METRICS_HOST:PORT
     metrics_listen: str | None = None  # HOST:PORT
     http: str | None = None  # HOST:PORT of the OpenAI-compatible HTTP front
+    http_max_requests: int = HTTP_MAX_REQUESTS
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # PEM: TLS clients must present a certificate it signed
@@ -119,7 +124,7 @@ class ServeConfig:
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int, "http": str,
         "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
         "tls_client_ca": str, "keep_alive": float, "parallel": int, "w16_min_bytes": int, "threads": int,
-        "drain_seconds": float}
+        "drain_seconds": float, "http_max_requests": int}
 
 
 def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> ServeConfig:

@@ -5,21 +5,31 @@ engines) as the gRPC servicer. Starlette on uvicorn, in a thread of the daemon.
 A request naming a model that is not loaded but is a file of --models-dir (by stem or file name)
 loads it first, as Ollama does. The token rule is gRPC's: where the daemon has a token, every
 call needs `Authorization: Bearer <token>`. Errors are OpenAI error objects.
+
+`/` is a status page (minferd/static/status.html: the pool as one bar by model and kind, each
+model's plan, KV blocks and sequences), refreshing itself from `/v1/minferd/status` (GetStatus's
+content as JSON). The page holds no data, so it alone is served without the token; the page
+sends the token it is given as `/#token=...`.
 """
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import itertools
 import json
+
+import anyio
 import threading
 import time
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from minferd import config
@@ -62,10 +72,20 @@ def error_response(e: BaseException) -> JSONResponse:
 
 
 class OpenAIFront:
-    def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None, metrics=None):
+    def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None, metrics=None,
+                 max_requests: int = config.HTTP_MAX_REQUESTS):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
         self.token, self.metrics = token, metrics
+        if not isinstance(max_requests, int) or max_requests < 1:
+            raise InvalidRequest(f"http_max_requests {excerpt(repr(max_requests))}: a whole number >= 1")
+        # A generation blocks a thread while it waits for its next token (or its model's load):
+        # on Starlette's shared pool of 40, 40 of them stalled every other call of the front.
+        # Each gets a thread of this pool instead, as many as may be in progress at once.
+        self.max_requests, self.in_progress = max_requests, 0
+        self.request_threads = anyio.CapacityLimiter(max_requests)
         self.app = Starlette(routes=[
+            Route("/", self.status_page, methods=["GET"]),
+            Route("/v1/minferd/status", self.status, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -78,12 +98,21 @@ class OpenAIFront:
         return error_response(e)
 
     async def _auth(self, request: Request, call_next):
-        if self.token:
+        if self.token and request.url.path != "/":  # the page holds no data: its fetches send the token
             from minferd.auth import bearer_matches
             if not bearer_matches(request.headers.get("authorization"), f"Bearer {self.token}".encode()):
                 return error_response(HttpError(401, "missing or wrong bearer token", "authentication_error",
                                                 "invalid_api_key"))
         return await call_next(request)
+
+    # ---- the status page ---------------------------------------------------------------------
+    async def status_page(self, request: Request):
+        html, csp = _status_page()
+        return HTMLResponse(html, headers={"Content-Security-Policy": csp, "Cache-Control": "no-store",
+                                           "X-Content-Type-Options": "nosniff"})
+
+    async def status(self, request: Request):
+        return JSONResponse(self.host.status())
 
     # ---- /v1/models ---------------------------------------------------------------------------
     def files(self) -> dict[str, Path]:
@@ -179,11 +208,28 @@ class OpenAIFront:
     async def chat_completions(self, request: Request):
         return await self._serve(request, chat=True)
 
+    async def _in_thread(self, fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.request_threads)
+
     async def _serve(self, request: Request, chat: bool):
+        if self.in_progress >= self.max_requests:  # the event loop's thread alone counts: no lock
+            raise HttpError(429, f"{self.in_progress} requests in progress, at most {self.max_requests} "
+                            "(--http-max-requests); retry later", "rate_limit_error", "too_many_requests")
+        self.in_progress += 1
+        streaming = False
+        try:
+            response = await self._generate(request, chat)
+            streaming = isinstance(response, StreamingResponse)
+            return response
+        finally:
+            if not streaming:  # a stream counts until it ends (sse's finally)
+                self.in_progress -= 1
+
+    async def _generate(self, request: Request, chat: bool):
         body = await self._body(request)
-        name = await run_in_threadpool(self._model, body.get("model"))
+        name = await self._in_thread(self._model, body.get("model"))
         make_ids = self._chat_ids if chat else self._prompt_ids
-        ids = await run_in_threadpool(make_ids, name, body.get("messages") if chat else body.get("prompt"))
+        ids = await self._in_thread(make_ids, name, body.get("messages") if chat else body.get("prompt"))
         params = self._params(body, len(ids), self.host.get(name).ctx)
         keep = body.get("keep_alive")  # Ollama's field, in seconds: 0 unloads once idle, negative keeps
         if keep is not None:
@@ -204,20 +250,38 @@ class OpenAIFront:
         events = self.host.stream(name, ids, params, cancel=cancel)
         if not body.get("stream"):
             try:
-                return JSONResponse(await run_in_threadpool(reply.whole, events))
+                return JSONResponse(await self._in_thread(reply.whole, events))
             finally:
                 ended()
-        first = await run_in_threadpool(next, events, None)  # a refusal is still an HTTP error here
+        first = await self._in_thread(next, events, None)  # a refusal is still an HTTP error here
+        chunks = reply.chunks(first, events)
 
         async def sse():
             try:
-                async for chunk in iterate_in_threadpool(reply.chunks(first, events)):
+                yield ""  # primed below
+                while (chunk := await self._in_thread(next, chunks, None)) is not None:
                     yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
                 ended()
+                self.in_progress -= 1
 
-        return StreamingResponse(sse(), media_type="text/event-stream")
+        # Started before it is handed over: a response that is never sent (the client left first)
+        # drops a started generator, which asyncio closes, so its finally still runs.
+        stream = sse()
+        await stream.__anext__()
+        return StreamingResponse(stream, media_type="text/event-stream")
+
+
+@functools.lru_cache(maxsize=1)
+def _status_page() -> tuple[str, str]:
+    """The page (minferd/static/status.html) and a policy that lets only its own script run."""
+    html = (Path(__file__).parent / "static" / "status.html").read_text()
+    script = html.split("<script>", 1)[1].split("</script>", 1)[0]
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    csp = (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; connect-src 'self'; "
+           "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+    return html, csp
 
 
 class Reply:

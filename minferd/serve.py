@@ -207,7 +207,7 @@ def serve(cfg: ServeConfig) -> int:
     try:
         if cfg.http_address():
             from minferd.http_api import OpenAIFront, start
-            http = start(OpenAIFront(host, cfg.models_dirs, cfg.keep_alive, token, metrics), *cfg.http_address())
+            http = start(OpenAIFront(host, cfg.models_dirs, cfg.keep_alive, token, metrics, cfg.http_max_requests), *cfg.http_address())
         for item in cfg.preload:
             name_path, _, name = item.partition("=")
             name_path = resolve_path(name_path)

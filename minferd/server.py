@@ -13,9 +13,8 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from minferd import config
+from minferd import config, reflection_v1
 from minferd._proto import pb2, pb2_grpc
 from minferd.auth import GatedHealth, TokenAuth
 from minferd.devices import MatmulPath
@@ -291,8 +290,7 @@ def create_server(servicer: MinferdServicer, health_servicer, token: str | None 
                          interceptors=interceptors, options=options)
     pb2_grpc.add_MinferdServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (pb2.DESCRIPTOR.services_by_name["Minferd"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    reflection_v1.enable((pb2.DESCRIPTOR.services_by_name["Minferd"].full_name, health.SERVICE_NAME), server)
     return server
 
 

@@ -135,6 +135,7 @@ def test_oversized_and_malformed_bodies_are_refused(front):
             assert isinstance(reason, ConnectionError | http.client.HTTPException), e
             return 413, b""
 
+    client.completions.create(model="tiny", prompt="x", max_tokens=1)  # loaded, whichever test ran first
     code, body = post(b"{not json")
     assert code == 400 and b"not JSON" in body
     code, body = post(b"[1, 2]")
@@ -163,3 +164,48 @@ def test_a_request_sets_its_model_s_keep_alive(front):
         time.sleep(0.05)
     assert not d.status().models  # unloaded once idle; the next request loads it again
     assert client.completions.create(model="tiny", prompt="again", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_requests_past_the_cap_get_429_and_never_starve_the_front(tmp_path, synth_model):
+    """--http-max-requests 1 with a load that takes ~1.3 s (MINFERD_LOAD_PAUSE_S): the request that
+    loads its model on demand holds the one place, a second gets 429 at once, and /v1/models
+    answers meanwhile. The front's generations waited on Starlette's shared pool of 40 threads:
+    40 of them (waiting for a load, or for room in the batch) stalled every other call."""
+    import time
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(synth_model("qwen2"), models / "tiny.gguf")
+    port = _port()
+    d = Daemon(tmp_path, "--models-dir", models, "--device", "cpu", "--budget", "1GiB", "--insecure",
+               "--http", f"127.0.0.1:{port}", "--http-max-requests", "1", env={"MINFERD_LOAD_PAUSE_S": "0.05"})
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        first = {}
+        loader = threading.Thread(target=lambda: first.setdefault("r", client.completions.create(
+            model="tiny", prompt="hello", max_tokens=4, temperature=0)))
+        loader.start()
+        deadline = time.monotonic() + 30
+        while "tiny" not in d.status().pool.loading and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "tiny" in d.status().pool.loading
+        t0 = time.monotonic()
+        with pytest.raises(openai.RateLimitError, match="at most 1"):
+            client.completions.create(model="tiny", prompt="me too", max_tokens=4)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert time.monotonic() - t0 < 0.5 and "tiny" in d.status().pool.loading  # neither waited for the load
+        loader.join(60)
+        assert first["r"].usage.completion_tokens == 4
+        # The place is free again, after a streamed answer and after a client that left mid-stream.
+        assert len(list(client.completions.create(model="tiny", prompt="a", max_tokens=3, stream=True))) >= 2
+        with client.completions.create(model="tiny", prompt="b", max_tokens=500, stream=True) as s:
+            next(iter(s))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.completions.create(model="tiny", prompt="c", max_tokens=2).usage.completion_tokens == 2
+                break
+            except openai.RateLimitError:  # the stream left behind ends at the engine's next step
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        d.stop()

@@ -141,7 +141,25 @@ def test_health_and_reflection(daemon):
     r = reflection_pb2_grpc.ServerReflectionStub(ch)
     resp = next(r.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
     names = {s.name for s in resp.list_services_response.service}
-    assert {"minferd.v1.Minferd", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {"minferd.v1.Minferd", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+            "grpc.reflection.v1.ServerReflection"} <= names
+    # v1 (what grpcurl asks first): the same messages under the v1 method name, and it describes itself.
+    v1 = ch.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                          request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                          response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    asks = [reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="minferd.v1.Minferd"),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection")]
+    listed, minferd_file, v1_file = list(v1(iter(asks)))
+    assert {s.name for s in listed.list_services_response.service} == names
+    from google.protobuf import descriptor_pb2
+    files = []
+    for r in (minferd_file, v1_file):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        fdp.ParseFromString(r.file_descriptor_response.file_descriptor_proto[0])
+        files.append(fdp)
+    assert [f.name for f in files] == ["minferd/v1/minferd.proto", "grpc/reflection/v1/reflection.proto"]
+    assert files[1].service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
     daemon.stub().UnloadModel(pb2.UnloadModelRequest(name="hq"))
 
 

@@ -1,0 +1,88 @@
+"""The HTTP front's status page (`/`) in headless Chromium (Debian's chromium) against a real
+daemon: it renders the live pool (a segment per model and kind, shared weights drawn once, a
+row per model) with the token the link carries, and shows an error, not data, without it.
+The screenshot is kept (in the test's tmp dir, and in $MINFERD_TEST_ARTIFACTS where set)."""
+from __future__ import annotations
+
+import html.parser
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.e2e.daemon import Daemon
+from tests.e2e.test_http_api import _port
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
+TOKEN = "status-page-token-0123456789"
+
+
+def chromium(url: str, *args: str) -> str:
+    """What the page's DOM is once its scripts ran (virtual time: its first fetch has answered)."""
+    out = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--window-size=1280,480", "--virtual-time-budget=3000", *args, url],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+class Page(html.parser.HTMLParser):
+    def __init__(self, text: str):
+        super().__init__()
+        self.segments, self.rows, self.texts, self._id = [], [], {}, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "seg" in (a.get("class") or "").split():
+            width = float(re.search(r"width:\s*([\d.e-]+)%", a["style"]).group(1))
+            self.segments.append((a["data-model"], a["data-kind"], width))
+        if tag == "tr" and "data-model" in a:
+            self.rows.append(a["data-model"])
+        self._id = a.get("id")
+
+    def handle_data(self, data):
+        if self._id:
+            self.texts[self._id] = self.texts.get(self._id, "") + data
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, synth_model):
+    tmp = tmp_path_factory.mktemp("status-page")
+    port = _port()
+    qwen, lm = synth_model("qwen2"), synth_model("llama", "q4_k")
+    d = Daemon(tmp, "--device", "cpu", "--budget", "64MiB", "--w16-min-bytes", "0", "--http", f"127.0.0.1:{port}",
+               "--models-dir", qwen.parent, "--models-dir", lm.parent, token=TOKEN)
+    d.url = f"http://127.0.0.1:{port}/"
+    for path, name in ((qwen, "qwen"), (lm, "lm"), (qwen, "qwen-b")):
+        d.load(path, name, ctx=256)
+    yield d
+    d.stop()
+
+
+def test_the_page_renders_the_live_pool(daemon, tmp_path):
+    st = daemon.status()
+    page = Page(chromium(daemon.url + "#token=" + TOKEN, "--dump-dom"))
+    names = [m.name for m in st.models]
+    assert page.rows == names
+    assert {m for m, _, _ in page.segments} == set(names)
+    # qwen-b shares qwen's file: its weights and f16 copy are drawn once, under qwen.
+    assert {k for m, k, _ in page.segments if m == "qwen-b"} == {"kv", "scratch"}
+    drawn = sum(w for _, _, w in page.segments)
+    assert abs(drawn - 100 * st.pool.used_bytes / st.pool.capacity_bytes) < 0.01, (drawn, st.pool)
+    assert "of 64.0 MiB" in page.texts["pool"] and not page.texts.get("error", "").strip()
+
+    shot = tmp_path / "status-page.png"
+    chromium(daemon.url + "#token=" + TOKEN, f"--screenshot={shot}")
+    assert shot.stat().st_size > 10_000  # a picture of the page, not a blank one
+    if os.environ.get("MINFERD_TEST_ARTIFACTS"):
+        shutil.copy(shot, os.environ["MINFERD_TEST_ARTIFACTS"])
+
+
+def test_without_the_token_it_shows_an_error_not_the_pool(daemon):
+    page = Page(chromium(daemon.url, "--dump-dom"))
+    assert not page.rows and not page.segments
+    assert "missing or wrong bearer token" in page.texts["error"] and "#token=" in page.texts["error"]
