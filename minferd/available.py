@@ -9,7 +9,7 @@ from pathlib import Path
 
 from minferd.config import DEFAULT_CTX, MAX_LISTED_FILES
 from minferd.errors import MinferdError, NotFound, excerpt
-from minferd.model.loader import open_model_file
+from minferd.model.loader import check_backend, open_model_file
 from minferd.paths import open_model_source
 from minferd.pool.estimator import estimate
 from minferd.pool.planner import plan
@@ -33,13 +33,19 @@ def describe(host, models_dirs, name: str, path: Path) -> dict:
         mf = open_model_file(open_model_source(path.name, models_dirs))
     except (MinferdError, OSError) as e:
         return {**out, "error": str(e)[:300]}
+    from minferd.fleet import Fleet
+    if isinstance(host, Fleet):  # the plan where placement would look first: the most free device
+        host = host.roomiest()
     try:
+        check_backend(mf, host.traits.kind)  # a load would be refused here (an arch or tensor type): say so
         ctx = min(mf.spec.ctx_train, DEFAULT_CTX)
         p = plan(estimate(mf, host.traits, ctx, host.default_parallel * ctx), host.traits, host.ledger.free(),
                  None, host.w16_min_bytes)
         return {**out, "architecture": mf.spec.arch, "plan": p.matmul_path.value, "plan_reason": p.reason,
                 "type_mix": dict(Counter(t.qtype.name for t, _ in mf.tensors.values())), "bytes": p.bytes,
                 "fits": p.total <= host.ledger.free()}
+    except MinferdError as e:
+        return {**out, "error": str(e)[:300]}
     finally:
         mf.close()
 

@@ -128,12 +128,16 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write a synthetic GGUF model")
     p.add_argument("out")
-    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3"])
+    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3", "qwen3moe"])
     p.add_argument("--from", dest="source", default=None, help="cut a real model down instead (with --layers, --vocab)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--preset", default="tiny")
-    p.add_argument("--quant", default="q8_0", help="one of the 13 types (lower case) or q4_k_m")
+    from minferd.kernels.quant import CUDA_TYPES, SUPPORTED_NAMES  # the type table: no NumPy, cheap for --help
+    cpu_only = ", ".join(n.lower() for n in SUPPORTED_NAMES if n not in CUDA_TYPES)
+    p.add_argument("--quant", default="q8_0",
+                   help=f"{', '.join(n.lower() for n in SUPPORTED_NAMES)}, or llama.cpp's q4_k_m mix "
+                        f"(default q8_0; {cpu_only} run on the CPU backend only so far)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--random-blocks", action="store_true", help="random quantized blocks (fast, for perf files)")
     p.add_argument("--json", action="store_true")
@@ -145,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
                    help="unix:///abs.sock, unix:relative.sock (default in $XDG_RUNTIME_DIR, mode 0600) or host:port")
     p.add_argument("--models-dir", dest="models_dirs", action="append", default=None,
                    help="LoadModel reads files only under these (repeatable)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda[:N]")
+    p.add_argument("--device", default=None, help="auto (every GPU, else the CPU), cpu, cuda (every GPU), or a list: cuda:0,cuda:2")
     p.add_argument("--budget", default=None, help="bytes (40GiB) or a fraction of the device (0.9)")
     p.add_argument("--preload", action="append", default=None, help="PATH[=NAME], loaded pinned at start")
     p.add_argument("--metrics-port", type=int_in(1, 65535), default=None,

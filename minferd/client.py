@@ -32,7 +32,7 @@ def model_dict(m) -> dict:
             "keep_alive_seconds": m.keep_alive_seconds, "keep_alive_left_seconds": m.keep_alive_left_seconds,
             "last_used_unix": m.last_used_unix, "loaded_unix": m.loaded_unix, "requests": m.requests,
             "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy,
-            "waiting_for_w16": m.waiting_for_w16,
+            "waiting_for_w16": m.waiting_for_w16, "device": m.device,
             "engine": {f.name: getattr(m.engine, f.name) for f in m.engine.DESCRIPTOR.fields}}
 
 
@@ -44,12 +44,15 @@ def available_dict(m) -> dict:
             "plan_reason": m.plan_reason, "bytes": {k: getattr(m.bytes, k) for k in KINDS}, "fits": m.fits}
 
 
-def status_dict(s) -> dict:
-    p = s.pool
+def pool_dict(p) -> dict:
     pool = {k: getattr(p, k) for k in ("device", "capacity_bytes", "used_bytes", "reserved_bytes",
                                        "free_bytes", "total_bytes", "w16_min_bytes")}
-    pool.update(loading=list(p.loading), unloading=list(p.unloading))
-    return {"pool": pool, "models": [model_dict(m) for m in s.models], "events": list(s.events)}
+    return {**pool, "loading": list(p.loading), "unloading": list(p.unloading)}
+
+
+def status_dict(s) -> dict:
+    return {"pool": pool_dict(s.pool), "pools": [pool_dict(p) for p in s.pools] or [pool_dict(s.pool)],
+            "models": [model_dict(m) for m in s.models], "events": list(s.events)}
 
 
 class Client:
@@ -99,10 +102,13 @@ class Client:
         return [model_dict(m) for m in self._unary(self.stub.ListModels, self.pb.ListModelsRequest()).models]
 
     def load(self, path: str, name: str = "", ctx: int = 0, matmul_path: str = "auto", pinned: bool = False,
-             keep_alive: float | None = None, on_progress=None, parallel: int = 0, kv_tokens: int = 0) -> dict:
-        """on_progress(phase, bytes_done, bytes_total); returns the loaded model."""
+             keep_alive: float | None = None, on_progress=None, parallel: int = 0, kv_tokens: int = 0,
+             device: str = "") -> dict:
+        """on_progress(phase, bytes_done, bytes_total); returns the loaded model. device: one of the
+        daemon's ("cuda:1"), or empty for its placement."""
         req = self.pb.LoadModelRequest(name=name or "", path=str(path), ctx=ctx or 0, pinned=pinned,
-                                       matmul_path=PATHS[matmul_path], parallel=parallel, kv_tokens=kv_tokens)
+                                       matmul_path=PATHS[matmul_path], parallel=parallel, kv_tokens=kv_tokens,
+                                       device=device)
         if keep_alive is not None:
             req.keep_alive_seconds = keep_alive
         last = self._stream(self.stub.LoadModel, req,

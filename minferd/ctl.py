@@ -48,7 +48,7 @@ def cmd_load(c: Client, args) -> int:
     bar = None if args.quiet else ProgressBar()
     try:
         m = c.load(model_argument(args.path), args.name, args.ctx, args.matmul_path, args.pin, args.keep_alive, bar,
-                   args.parallel, args.kv_tokens)
+                   args.parallel, args.kv_tokens, args.device)
     finally:
         if bar:
             bar.close()
@@ -186,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int_in(1, UINT32), default=0,
                    help="KV positions for all sequences together (wins over --parallel)")
     p.add_argument("--matmul-path", default="auto", choices=list(PATHS))
+    p.add_argument("--device", default="", help="one of the daemon's devices (cuda:1); default: its placement")
     p.add_argument("--pin", action="store_true", help="never evict it to make room")
     p.add_argument("--keep-alive", type=parse_seconds, help="idle time before it may be unloaded (5m, forever)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -70,19 +70,24 @@ def status_table(st: dict, now: float | None = None) -> str:
     rows = [(m["name"], os.path.basename(m["path"]), plan_text(m), *(human_bytes(m["bytes"][k]) for k in KINDS),
              str(m["ctx"]), seqs_text(m), blocks_text(m), "yes" if m["pinned"] else "-", keep_alive_text(m), last_used_text(m, now),
              str(m["requests"]), str(m["tokens_generated"])) for m in st["models"]]
+    right = {"WEIGHTS", "W16", "KV", "SCRATCH", "CTX", "SEQS", "BLOCKS", "REQS", "TOKENS"}  # numbers line up on the right
+    pools = st.get("pools") or [st["pool"]]
+    if len(pools) > 1:  # several devices: which one each model lives on
+        head = (head[0], "DEVICE", *head[1:])
+        rows = [(r[0], m.get("device", ""), *r[1:]) for r, m in zip(rows, st["models"])]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    right = {3, 4, 5, 6, 7, 8, 9, 13, 14}  # numbers line up on the right
-    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    lines = ["  ".join(c.rjust(w) if head[i] in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in [head, *rows]]
     if not rows:
         lines = ["no models loaded"]
-    p = st["pool"]
-    used = p["used_bytes"] / p["capacity_bytes"] if p["capacity_bytes"] else 0.0
-    bar = "#" * round(used * 20)
     lines.append("")
-    lines.append(f"POOL {p['device']}  [{bar:<20}] {used:.1%} used  capacity {fmt_bytes(p['capacity_bytes'])}  "
-                 f"used {fmt_bytes(p['used_bytes'])}  reserved {fmt_bytes(p['reserved_bytes'])}  "
-                 f"free {fmt_bytes(p['free_bytes'])}")
+    for p in pools:
+        used = p["used_bytes"] / p["capacity_bytes"] if p["capacity_bytes"] else 0.0
+        bar = "#" * round(used * 20)
+        lines.append(f"POOL {p['device']}  [{bar:<20}] {used:.1%} used  capacity {fmt_bytes(p['capacity_bytes'])}  "
+                     f"used {fmt_bytes(p['used_bytes'])}  reserved {fmt_bytes(p['reserved_bytes'])}  "
+                     f"free {fmt_bytes(p['free_bytes'])}")
+    p = st["pool"]
     demoted = [m for m in st["models"] if plan_text(m).endswith("*")]
     if demoted:
         lines.append("* demoted: " + ", ".join(f"{m['name']} planned {m['planned_matmul_path']}" for m in demoted))

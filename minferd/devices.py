@@ -6,8 +6,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-ALL_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+from minferd.kernels.quant import CUDA_TYPES, TYPES
+
+# The tensor types each device kind's backend decodes: the CPU's NumPy dequantizers cover the
+# whole table, the CUDA kernels their own list. A load is refused up front where a tensor's type
+# is not its kind's (model/loader.py check_tensor_types).
+TENSOR_TYPES = {"cpu": frozenset(TYPES), "cuda": frozenset(CUDA_TYPES)}
+ALL_TYPES = TENSOR_TYPES["cpu"]
 QUANT_TYPES = ALL_TYPES - {"F32", "F16", "BF16"}
 
 
@@ -79,7 +84,7 @@ def cuda_traits() -> DeviceTraits:
     # What each path covers is what its kernels say (NumPy-only imports: no CuPy needed to plan).
     # A type outside MMQ's set sends the model to FUSED_B (planner.quantized_path).
     from minferd.kernels import gemm_f16, mmq
-    paths = {MatmulPath.W16: ALL_TYPES, MatmulPath.MMQ: frozenset(mmq.SUPPORTED),
+    paths = {MatmulPath.W16: TENSOR_TYPES["cuda"], MatmulPath.MMQ: frozenset(mmq.SUPPORTED),
              MatmulPath.FUSED_B: frozenset(gemm_f16.SUPPORTED)}
     # Big prefill batches: each pass costs Python a few hundred launches, so fewer, larger passes.
     return DeviceTraits("cuda", 2, paths, default_headroom=1 << 30, max_batch=CUDA_MAX_BATCH)

@@ -13,7 +13,7 @@ from minferd.config import DEFAULT_CTX, DEFAULT_KEEP_ALIVE, KV_BLOCK_TOKENS, MAX
 from minferd.devices import MatmulPath
 from minferd.errors import Conflict, InvalidRequest, MinferdError, excerpt
 from minferd.loaded import LoadedModel, WeightSet
-from minferd.model.loader import ModelFile, build_model, open_model_file, upload_weights
+from minferd.model.loader import ModelFile, build_model, check_backend, open_model_file, upload_weights
 from minferd.model.source import ModelSource
 from minferd.pool import admission
 from minferd.pool.admission import TenantView
@@ -57,8 +57,10 @@ class LoadMixin:
         commit. Refused (typed, nothing changed) when the name is taken or the pool cannot hold it."""
         opts = opts or LoadOptions()
         mf = self._open(source)
+        owned = mf is not source  # a checked ModelFile given (the fleet's) is its caller's to close
         try:
             check_name(name)
+            check_backend(mf, self.traits.kind)
             ctx = opts.ctx or min(mf.spec.ctx_train, DEFAULT_CTX)
             if not 1 <= ctx <= mf.spec.ctx_train:
                 raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")
@@ -72,18 +74,25 @@ class LoadMixin:
                     raise
                 return self._load(name, mf, ctx, opts, progress)
         finally:
-            mf.close()  # what the model needs is on the device now, or nothing is
+            if owned:
+                mf.close()  # what the model needs is on the device now, or nothing is
 
     def _open(self, source) -> ModelFile:
         """The checked file: a loaded one's parse (same descriptor identity: the same bytes) over
         this source, else parsed now. A test suite loads one file under many names. The source
         stays open: the loaded set may go before this load reserves, and then this load uploads."""
+        if isinstance(source, ModelFile):
+            return source
         src = source if isinstance(source, ModelSource) else ModelSource.open(source)
+        return self.shared_file(src) or open_model_file(src)  # closes the source itself when it refuses the file
+
+    def shared_file(self, src: ModelSource) -> ModelFile | None:
+        """A loaded file's parse over `src` where this host holds the same file (no header parse)."""
         with self._lock:
             ws = self.weight_sets.get(src.identity)
             if ws is not None and ws.ready.is_set() and ws.users:
                 return ws.file.with_source(src)
-        return open_model_file(src)  # closes the source itself when it refuses the file
+        return None
 
     def _load(self, name, mf, ctx, opts, progress) -> LoadedModel:
         while True:

@@ -27,11 +27,11 @@ class PoolCollector:
 
     def collect(self):
         st = self.host.status()
-        p, dev = st["pool"], st["pool"]["device"]
-        yield _gauge("minferd_pool_capacity_bytes", "The pool's capacity (the budget)", ["device"], [([dev],
-                     p["capacity_bytes"])])
+        pools = st.get("pools") or [st["pool"]]  # a series per device: they sum to the daemon's
+        yield _gauge("minferd_pool_capacity_bytes", "The pool's capacity (the budget)", ["device"],
+                     [([p["device"]], p["capacity_bytes"]) for p in pools])
         yield _gauge("minferd_pool_bytes", "Pool memory by state", ["device", "state"],
-                     [([dev, state], p[f"{state}_bytes"]) for state in ("used", "reserved", "free")])
+                     [([p["device"], state], p[f"{state}_bytes"]) for p in pools for state in ("used", "reserved", "free")])
         models, sets = st["models"], {}
         for m in models:
             sets.setdefault(m["weight_set"], (os.path.basename(m["path"]), m["bytes"]))

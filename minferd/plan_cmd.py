@@ -8,7 +8,7 @@ import sys
 
 from minferd.devices import MatmulPath, cpu_traits, cuda_traits
 from minferd.errors import InvalidRequest
-from minferd.model.loader import open_model_file, resolve_path
+from minferd.model.loader import check_backend, open_model_file, resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.pool.estimator import estimate
 from minferd.config import DEFAULT_PARALLEL, W16_MIN_BYTES
@@ -21,6 +21,7 @@ def dry_run(model: str, device: str = "cpu", ctx: int | None = None, budget: str
             matmul_path: str = "auto", w16_min_bytes: int = W16_MIN_BYTES, threads: int | None = None,
             parallel: int | None = None, kv_tokens: int | None = None) -> dict:
     mf = open_model_file(resolve_path(model))
+    check_backend(mf, device)  # a load there would be refused: so is its plan
     ctx = ctx or min(mf.spec.ctx_train, 4096)
     if not 1 <= ctx <= mf.spec.ctx_train:
         raise InvalidRequest(f"ctx {ctx} is outside [1, {mf.spec.ctx_train}] (the model's training context)")

@@ -16,6 +16,17 @@ def pool_info(snap: LedgerView, device: str, w16_min_bytes: int, allocated: int,
             "loading": sorted(loading), "unloading": sorted(unloading)}
 
 
+def pools_total(pools: list[dict]) -> dict:
+    """Several devices' pools as one (their sums; the devices' names joined): one device's is itself."""
+    if len(pools) == 1:
+        return pools[0]
+    total = {k: sum(p[k] for p in pools) for k in ("capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes",
+                                                     "allocated_bytes")}
+    return {**total, "device": ",".join(p["device"] for p in pools), "w16_min_bytes": pools[0]["w16_min_bytes"],
+            "loading": sorted(n for p in pools for n in p["loading"]),
+            "unloading": sorted(n for p in pools for n in p["unloading"])}
+
+
 def model_bytes(lm: LoadedModel, snap: LedgerView) -> dict[str, int]:
     """Weights and the f16 copy belong to the file's weight set (shared), kv and scratch to the model."""
     own, shared = snap.by_kind(lm.name), snap.by_kind(lm.ws.tag)

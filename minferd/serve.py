@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from minferd.config import GIL_SWITCH_SECONDS, SERVE_TICK_SECONDS, ServeConfig
-from minferd.errors import InvalidRequest
+from minferd.errors import InvalidRequest, excerpt
+from minferd.fleet import Fleet
 from minferd.host import Host, LoadOptions
 from minferd.model.loader import resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
@@ -26,31 +27,50 @@ from minferd.unix_socket import BoundSocket, bind, unix_path
 log = logging.getLogger("minferd")
 
 
-def _gpu_present() -> bool:
+def devices_of(spec: str) -> list[str]:
+    """--device: auto (every visible GPU, else the CPU), cpu, cuda (every visible GPU), or a list
+    (cuda:0,cuda:2; cpu:0,cpu:1 are CPU stand-ins for several devices, each with its own pool)."""
+    if spec in ("auto", "cuda"):
+        n = _gpu_count()
+        if spec == "cuda" and not n:
+            raise InvalidRequest("device cuda: no CUDA device (or no CuPy: pip install 'minferd[cuda12]')")
+        return [f"cuda:{i}" for i in range(n)] or ["cpu"]
+    devices = [d.strip() for d in spec.split(",")]
+    for d in devices:
+        kind, _, index = d.partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cuda" and not index):
+            raise InvalidRequest(f"device {excerpt(d)}: expected auto, cpu, cuda, cuda:N or cpu:N (a list of them)")
+    if len(set(devices)) != len(devices):
+        raise InvalidRequest(f"device {excerpt(spec)}: a device is named twice")
+    if len({d.partition(':')[0] for d in devices}) > 1:
+        raise InvalidRequest(f"device {excerpt(spec)}: CPU and CUDA devices do not mix in one daemon")
+    n = _gpu_count() if devices[0].startswith("cuda") else 0
+    for d in devices:
+        if d.startswith("cuda") and int(d.partition(":")[2]) >= n:
+            raise InvalidRequest(f"device {d}: {n} CUDA device(s) visible (or no CuPy: pip install 'minferd[cuda12]')")
+    return devices
+
+
+def _gpu_count() -> int:
     try:
         import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no CuPy, no driver, no device: the CPU serves
-        return False
+        return 0
 
 
-def build_host(cfg: ServeConfig) -> Host:
-    device = cfg.device
-    if device == "auto":
-        device = "cuda:0" if _gpu_present() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise InvalidRequest(f"device {device!r}: expected auto, cpu or cuda[:N]")
-    if device != "cpu" and not _gpu_present():
-        raise InvalidRequest(f"device {device}: no CUDA device (or no CuPy: pip install 'minferd[cuda12]')")
-    device = "cuda:0" if device == "cuda" else device
-    total, others = measure_device(device)
-    budget = resolve_budget(device, parse_budget(cfg.budget) if cfg.budget else None, total, others)
+def build_host(cfg: ServeConfig, device: str) -> Host:
+    """One device's host; --budget applies to each device (bytes, or a fraction of that device)."""
+    kind = device.partition(":")[0]
+    total, others = measure_device(kind if kind == "cpu" else device)
+    budget = resolve_budget(kind if kind == "cpu" else device, parse_budget(cfg.budget) if cfg.budget else None,
+                            total, others)
     if budget.asked is not None:  # more than the device leaves: clamped, and the operator should know
         asked = f"{cfg.budget} ({fmt_bytes(budget.asked)})" if cfg.budget else f"the default {fmt_bytes(budget.asked)}"
         log.warning("budget %s is more than %s leaves (%s, %s used by others, %s headroom): using %s",
                     asked, device, fmt_bytes(total), fmt_bytes(others), fmt_bytes(budget.headroom),
                     fmt_bytes(budget.capacity))
-    if device == "cpu":
+    if kind == "cpu":
         from minferd.backend.cpu import CpuBackend, HostMemory
         from minferd.devices import cpu_traits
         threads = cfg.threads or os.cpu_count() or 1
@@ -64,9 +84,13 @@ def build_host(cfg: ServeConfig) -> Host:
         gates.check_device(device_name(index), gates.table_path())  # a bad MINFERD_GATE_TABLE fails here, at start
         mem = DeviceMemory(index, limit=budget.capacity)
         factory, traits = (lambda **kw: CudaBackend(mem, **kw)), cuda_traits()
-    host = Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device, cfg.parallel)
-    host.promote_in_background = True
-    return host
+    return Host(factory, mem, traits, budget.capacity, cfg.w16_min_bytes, device, cfg.parallel)
+
+
+def build_fleet(cfg: ServeConfig) -> Fleet:
+    fleet = Fleet({d: build_host(cfg, d) for d in devices_of(cfg.device)})
+    fleet.promote_in_background = True
+    return fleet
 
 
 def _is_loopback(host: str) -> bool:
@@ -164,7 +188,7 @@ class ParentWatch:
         return self.pid is not None and _process_start(self.pid) != self.start
 
 
-def reap_until(stop: threading.Event, host: Host, parent: ParentWatch) -> None:
+def reap_until(stop: threading.Event, host: Fleet, parent: ParentWatch) -> None:
     """Every second: unload expired models, give f16 copies to models that wait for one and were
     busy when memory freed, and look for the parent. An error in one round is one log line and the
     next round runs: the reaper ending the daemon took every model with it."""
@@ -188,7 +212,7 @@ def serve(cfg: ServeConfig) -> int:
     # Model workers hold the GIL between their kernels (sampling, the CPU backend's Python); a
     # status call waiting its turn waited up to 5 ms per hand-over, several per call.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
-    host = build_host(cfg)
+    host = build_fleet(cfg)
     health = new_health(host, token)
     metrics = None
     if cfg.metrics_address():
@@ -217,8 +241,8 @@ def serve(cfg: ServeConfig) -> int:
             health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         where = f"unix:{sock.path}" if sock else cfg.listen
         also = f", HTTP on http://{cfg.http}" if http else ""
-        print(f"minferd: listening on {where}{also} ({host.device}, budget {fmt_bytes(host.ledger.capacity)})",
-              file=sys.stderr, flush=True)
+        budgets = ", ".join(f"{d}, budget {fmt_bytes(h.ledger.capacity)}" for d, h in host.hosts.items())
+        print(f"minferd: listening on {where}{also} ({budgets})", file=sys.stderr, flush=True)
 
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -27,7 +27,8 @@ from minferd.errors import (
     NotFound,
     PermissionDenied,
 )
-from minferd.host import Host, LoadOptions
+from minferd.fleet import Fleet
+from minferd.host import LoadOptions
 from minferd.model.sampler import SamplingParams
 from minferd.paths import open_model_source
 from minferd.pool.ledger import PoolExhausted
@@ -88,7 +89,7 @@ def sampling(p: pb2.SamplingParams) -> SamplingParams:
 
 
 class MinferdServicer(pb2_grpc.MinferdServicer):
-    def __init__(self, host: Host, models_dirs, keep_alive: float, health_servicer=None, metrics=None):
+    def __init__(self, host: Fleet, models_dirs, keep_alive: float, health_servicer=None, metrics=None):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
         self.health, self.metrics = health_servicer, metrics
 
@@ -118,7 +119,8 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         def load():
             lower_this_thread()  # parsing, tokenizer and upload are compute: status answers first
             try:
-                box["lm"] = self.host.load(name, source, opts, lambda ph, d, t: progress.put((ph, d, t)))
+                box["lm"] = self.host.load(name, source, opts, lambda ph, d, t: progress.put((ph, d, t)),
+                                           device=request.device or None)
             except BaseException as e:
                 box["error"] = e
             progress.put(None)
@@ -156,7 +158,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     def GetStatus(self, request, context):
         st = self.host.status()
         return pb2.Status(pool=pb2.PoolInfo(**st["pool"]), models=[model_info(m) for m in st["models"]],
-                          events=st["events"])
+                          events=st["events"], pools=[pb2.PoolInfo(**p) for p in st["pools"]])
 
     def _prepare_model(self, request) -> None:
         """Load on demand (a file of --models-dir by that name), then the request's keep-alive."""
@@ -294,7 +296,7 @@ def create_server(servicer: MinferdServicer, health_servicer, token: str | None 
     return server
 
 
-def new_health(host: Host | None = None, token: str | None = None) -> GatedHealth:
+def new_health(host: Fleet | None = None, token: str | None = None) -> GatedHealth:
     """grpc.health.v1: overall entries open for probes, `model/<name>` read from `host` and asking
     for `token` where one is set (minferd.auth)."""
     return GatedHealth(host, token)

@@ -13,7 +13,7 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 _SCALAR = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?",
            U64: "Q", I64: "q", F64: "d"}
 # ggml type ids the loader supports (minferd.kernels.quant); every other id is unknown to it.
-SUPPORTED_TYPE_IDS = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
+SUPPORTED_TYPE_IDS = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30, 39}
 TB = 1 << 40
 
 

@@ -137,6 +137,9 @@ class Backend(ABC):
     @abstractmethod
     def free_scratch(self, mem) -> None: ...
 
+    def bind_thread(self) -> None:
+        """Make this backend's device the calling thread's (its engine thread calls it first)."""
+
     def close(self) -> None:
         """Let go of what the backend holds beside device memory (the CPU backend's threads)."""
 
@@ -208,3 +211,11 @@ class Backend(ABC):
     @abstractmethod
     def gelu_gate(self, gate, up):
         """gelu_tanh(gate) * up (Gemma's GeGLU)."""
+
+    def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
+            residual=None):
+        """A mixture-of-experts SwiGLU MLP on x (n, hidden), plus the residual: each token's top-k
+        experts by softmax(x @ router), their weights renormalized to sum 1, and the sum of those
+        experts' down(silu(gate x) * up x), weighted. The *_exps weights stack the experts on
+        their third axis. (Only the CPU backend has it so far; MoE models are refused elsewhere.)"""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts op")

@@ -110,9 +110,9 @@ class CpuBackend(Backend):
         return np.asarray(a)
 
     # ---- matmul --------------------------------------------------------------------------
-    def _row_blocks(self, w: Weight):
-        step = max(1, BLOCK_ELEMS // w.row_elems)
-        return [(r, min(r + step, w.n_rows)) for r in range(0, w.n_rows, step)]
+    def _row_blocks(self, w: Weight, r0: int = 0, r1: int | None = None):
+        step, r1 = max(1, BLOCK_ELEMS // w.row_elems), w.n_rows if r1 is None else r1
+        return [(r, min(r + step, r1)) for r in range(r0, r1, step)]
 
     def _dequant_rows(self, w: Weight, r0: int, r1: int, out=None) -> np.ndarray:
         if w.w16 is not None:
@@ -123,8 +123,18 @@ class CpuBackend(Backend):
         return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems, out=out)
 
     def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
+        y = self._product(x, w, 0, w.n_rows)
+        if bias is not None:
+            y += bias.data
+        if residual is not None:
+            y += residual
+        return y
+
+    def _product(self, x, w: Weight, first: int, end: int, pooled: bool = True) -> np.ndarray:
+        """x times rows first .. end of w: (n, end - first) f32, dequantized a block at a time, the
+        blocks on the thread pool (pooled) or on the calling thread (one of the pool's own)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        y = np.empty((x.shape[0], w.n_rows), np.float32)
+        y = np.empty((x.shape[0], end - first), np.float32)
         arena = getattr(self, "_scratch", None)
 
         def block(r):
@@ -132,17 +142,47 @@ class CpuBackend(Backend):
             buf = arena.get() if arena is not None else None
             try:
                 out = None if buf is None else buf[:(r1 - r0) * w.row_elems].reshape(r1 - r0, w.row_elems)
-                np.matmul(x, self._dequant_rows(w, r0, r1, out).T, out=y[:, r0:r1])
+                np.matmul(x, self._dequant_rows(w, r0, r1, out).T, out=y[:, r0 - first:r1 - first])
             finally:
                 if buf is not None:
                     arena.put(buf)
 
-        list(self._pool.map(block, self._row_blocks(w)))
-        if bias is not None:
-            y += bias.data
-        if residual is not None:
-            y += residual
+        blocks = self._row_blocks(w, first, end)
+        list(self._pool.map(block, blocks) if pooled else map(block, blocks))
         return y
+
+    def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
+            residual=None):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n = x.shape[0]
+        logits = self.matmul(x, router)  # (n, n_expert)
+        top = np.argpartition(-logits, k - 1, axis=1)[:, :k]  # each token's k experts, unordered
+        # Softmax over all experts then renormalizing the top k is the softmax of the top k alone:
+        # the denominator over all experts cancels.
+        chosen = np.take_along_axis(logits, top, axis=1)
+        p = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out = np.zeros((n, down_exps.shape[1]), np.float32) if residual is None else np.array(residual, np.float32)
+        # Tokens grouped by expert: each chosen expert's rows are dequantized once for the pass.
+        # A token picks an expert at most once, so a group's rows are distinct and += is safe.
+        picks, weights = top.ravel(), p.ravel()  # pick i is token i // k's
+        order = np.argsort(picks, kind="stable")
+        bounds = np.searchsorted(picks[order], np.arange(router.n_rows + 1))
+        f, d = gate_exps.shape[1], down_exps.shape[1]
+
+        # One pool task per expert, not per row block: a tiny expert's product is one block, and
+        # three handoffs to the pool per expert cost more than its arithmetic. Inside a task the
+        # products stay on its thread (a pool task waiting on the pool could wait forever).
+        def expert(e):
+            mine = order[bounds[e]:bounds[e + 1]]
+            xe = x[mine // k]
+            g = self._product(xe, gate_exps, e * f, (e + 1) * f, pooled=False)
+            u = self._product(xe, up_exps, e * f, (e + 1) * f, pooled=False)
+            return mine, self._product(self.swiglu(g, u), down_exps, e * d, (e + 1) * d, pooled=False)
+
+        for mine, y in self._pool.map(expert, np.flatnonzero(np.diff(bounds))):
+            out[mine // k] += weights[mine][:, None] * y
+        return out
 
     def embed(self, ids, w: Weight):
         ids = np.asarray(ids, dtype=np.int64)

@@ -64,6 +64,7 @@ class CudaBackend(Backend):
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1, matmul_path: str = "mmq"):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
+        self.bind_thread()  # the load's thread: the stream and the uploads belong to this device
         self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
         # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
         self.prefill_kernel = valve("MINFERD_PREFILL_KERNEL")
@@ -340,6 +341,10 @@ class CudaBackend(Backend):
         _ops().get_function("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n),
                                                                             np.int32(act)) + self._xq_args(scratch, y))
         return y
+
+    def bind_thread(self) -> None:
+        # CuPy launches on the thread's current device; each model's threads must name its own.
+        cp.cuda.Device(self.memory.device_id).use()
 
     # ---- decode as a graph, sampling on the device ----------------------------------------------
     def decode(self, model, batch, cache: KVCache):

@@ -110,6 +110,7 @@ class ModelEngine:
     # ---- the engine's thread ------------------------------------------------------------------
     def _run(self) -> None:
         lower_this_thread()
+        self.model.be.bind_thread()
         while True:
             items = [] if self.scheduler.has_work() else [self._inbox.get()]
             while True:

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from . import module
-from .quant import QuantType, by_name, row_bytes
+from .quant import CUDA_TYPES, TYPES, QuantType, by_name, row_bytes
 
 _THREADS = 256
 
@@ -34,8 +34,7 @@ def _name(qt: QuantType, out_f16: bool, vec: bool) -> str:
 
 
 def names() -> tuple[str, ...]:
-    from .quant import TYPES
-    return tuple(_name(qt, o, v) for qt in TYPES.values() for o in (True, False) for v in (True, False))
+    return tuple(_name(TYPES[t], o, v) for t in CUDA_TYPES for o in (True, False) for v in (True, False))
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,6 +45,8 @@ def _kernel(qt: QuantType, out_f16: bool, vec: bool):
 def check_rows(qt: QuantType, w, K: int, what: str = "w") -> int:
     """w must be uint8 (rows, row_bytes(qt, K)) with rows packed back to back (a C-contiguous
     array or a row slice of one), at its blocks' natural alignment. Returns row_bytes."""
+    if qt.name not in CUDA_TYPES:  # loads refuse such files first; this names it for direct callers
+        raise ValueError(f"{qt.name}: no CUDA kernel decodes it (it runs on the CPU backend only so far)")
     rb = row_bytes(qt, K)
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != rb:
         raise ValueError(f"{qt.name}: {what} must be uint8 (rows, {rb}) for rows of {K} elements, "

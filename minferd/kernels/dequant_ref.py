@@ -23,7 +23,7 @@ import functools
 
 import numpy as np
 
-from .quant import QuantType, row_bytes
+from .quant import TYPES, QuantType, row_bytes
 
 _U8, _U64 = np.uint8, np.uint64
 
@@ -234,10 +234,59 @@ def _deq_q6_k(raw, out):
     _scale(out.reshape(nb * 16, 16), q.view(np.int8).reshape(nb * 16, 16), dl)
 
 
+# IQ4_NL/IQ4_XS nibbles index ggml's kvalues_iq4nl; MXFP4's are e2m1 values, doubled so that
+# they are integers (ggml's kvalues_mxfp4; the e8m0 scale is halved to match). Both decode by a
+# table lookup straight into the f32 output, then one multiply by the block's scale.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+_IQ4NL_F32, _MXFP4_F32 = KVALUES_IQ4NL.astype(np.float32), KVALUES_MXFP4.astype(np.float32)
+_BB_IQ4_NL, _BB_IQ4_XS, _BB_MXFP4 = (TYPES[n].block_bytes for n in ("IQ4_NL", "IQ4_XS", "MXFP4"))
+
+
+def _lookup(out, table, idx):
+    # mode="clip": the indices are nibbles, always in range, and "raise" would buffer `out`.
+    np.take(table, idx.reshape(out.shape), out=out, mode="clip")
+
+
+def _deq_iq4_nl(raw, out):
+    # [0:2] f16 d, [2:18] nibbles as Q4_0 (element l low nibble of byte l, l+16 high); y = d * kv.
+    _lookup(out, _IQ4NL_F32, _unpack(_bytes(raw, _BB_IQ4_NL, 2, 16), 4, 16))
+    out *= _f16(raw, _BB_IQ4_NL, 0)
+
+
+def _deq_iq4_xs(raw, out):
+    # [0:2] f16 d, [2:4] u16 scales_h (2 bits per sub-block of 32), [4:8] scales_l (a nibble
+    # each, sub-block 2i low, 2i+1 high), [8:136] 8 runs of 16 nibble bytes as IQ4_NL.
+    # y = (d * (ls - 32)) * kv, the product d*(ls-32) in f32 first, as ggml.
+    bb, nb = _BB_IQ4_XS, out.shape[0]
+    lo = _bytes(raw, bb, 4, 4)
+    ls = np.stack([lo & 0x0F, lo >> 4], -1).reshape(nb, 8)
+    hi = _field(raw, bb, 2, "<u2").astype(np.uint16)[:, None] >> np.arange(0, 16, 2, dtype=np.uint16)
+    ls |= ((hi & 3) << 4).astype(_U8)
+    dl = _f16(raw, bb, 0) * (ls.view(np.int8) - np.int8(32))
+    grouped = out.reshape(nb * 8, 32)
+    _lookup(grouped, _IQ4NL_F32, _unpack(_bytes(raw, bb, 8, 128), 4, 16))
+    grouped *= dl.reshape(-1, 1)
+
+
+def _e8m0_half(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) as f32 bits (ggml_e8m0_to_fp32_half): e < 2 are subnormals; no NaN, 255 is 2^127."""
+    e = e.astype(np.uint32)
+    sub = np.uint32(0x00200000) << np.minimum(e, 1)
+    return np.where(e < 2, sub, (e - 1) << 23).astype(np.uint32).view(np.float32)
+
+
+def _deq_mxfp4(raw, out):
+    # [0] e8m0 exponent, [1:17] nibbles as Q4_0; y = kv * 2^(e - 128) (exact but for overflow).
+    _lookup(out, _MXFP4_F32, _unpack(_bytes(raw, _BB_MXFP4, 1, 16), 4, 16))
+    out *= _e8m0_half(_field(raw, _BB_MXFP4, 0, "u1"))[:, None]
+
+
 _KERNELS = {
     "F32": _deq_f32, "F16": _deq_f16, "BF16": _deq_bf16,
     "Q4_0": _deq_q4_0, "Q4_1": _deq_q4_1, "Q5_0": _deq_q5_0, "Q5_1": _deq_q5_1, "Q8_0": _deq_q8_0,
     "Q2_K": _deq_q2_k, "Q3_K": _deq_q3_k, "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
+    "IQ4_NL": _deq_iq4_nl, "IQ4_XS": _deq_iq4_xs, "MXFP4": _deq_mxfp4,
 }
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import module
 from .dequant import check_rows
-from .quant import TYPES, QuantType, by_name
+from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
 BK = 32  # k elements per main-loop step (gemm_f16.cu)
 NS = 4   # cp.async ring depth (gemm_f16.cu)
@@ -50,7 +50,7 @@ RATES: dict[str, dict[str, tuple[float, ...]]] = {
     "Q8_0": {"L": (282,), "M": (145,), "M8": (165,), "S": (82, 126, 157)},  # M, M8: 1 CTA/SM (smem)
 }
 
-SUPPORTED: frozenset[str] = frozenset(TYPES)
+SUPPORTED: frozenset[str] = frozenset(CUDA_TYPES)
 _SMEM_PER_SM = 228 * 1024  # H100/H200: 228 KB per SM, 1 KB of it reserved per CTA
 _SMEM_MAX_BLOCK = 227 * 1024
 
@@ -87,7 +87,7 @@ def kernel_name(qt: QuantType | None, cfg: Config) -> str:
 
 def names() -> tuple[str, ...]:
     out = [kernel_name(None, c) for c in CONFIGS.values()]
-    out += [kernel_name(TYPES[t], c) for t in TYPES for c in CONFIGS.values()]
+    out += [kernel_name(TYPES[t], c) for t in CUDA_TYPES for c in CONFIGS.values()]
     return tuple(out)
 
 

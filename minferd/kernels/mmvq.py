@@ -25,7 +25,7 @@ import numpy as np
 
 from . import module
 from .dequant import check_rows
-from .quant import TYPES, QuantType, by_name
+from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
 NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
 MAX_COLS = NC_BUCKETS[-1]
@@ -41,7 +41,7 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 # more than one unit in flight per lane rarely pays once warps are plentiful.
 Config = tuple[int, int, int, int]
 CLASSES = ("few", "mid", "wide", "tall", "huge")
-QUANT_TYPES = tuple(n for n in TYPES if n not in FLOAT_TYPES)
+QUANT_TYPES = tuple(n for n in CUDA_TYPES if n not in FLOAT_TYPES)
 _MEASURED: dict[str, dict[int, dict[str, Config]]] = {
     "Q4_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
              8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},

@@ -49,11 +49,19 @@ _TABLE = (
     QuantType("Q4_K",  12,  QK_K,  144),  # f16 d, f16 dmin, 12 B 6-bit scales/mins, 128 B nibbles
     QuantType("Q5_K",  13,  QK_K,  176),  # as Q4_K plus 32 B high bits before the nibbles
     QuantType("Q6_K",  14,  QK_K,  210),  # 128 B low nibbles, 64 B 2-bit highs, 16 x int8 scales, f16 d
+    QuantType("IQ4_NL", 20,    32,   18),  # f16 d, 16 B nibbles indexing the non-linear kvalues_iq4nl
+    QuantType("IQ4_XS", 23,  QK_K,  136),  # f16 d, u16 scales_h, 4 B scales_l, 128 B nibbles (as IQ4_NL)
+    QuantType("MXFP4",  39,    32,   17),  # e8m0 scale byte, 16 B e2m1 nibbles
 )
 
 TYPES: dict[str, QuantType] = {qt.name: qt for qt in _TABLE}
 SUPPORTED_NAMES: tuple[str, ...] = tuple(qt.name for qt in _TABLE)
 _BY_ID: dict[int, QuantType] = {qt.ggml_id: qt for qt in _TABLE}
+# The types the CUDA kernels (dequant.cu, mmvq.cu, mmq.cu, gemm_f16.cu) decode: every CUDA module
+# enumerates these, not TYPES. The others run on the CPU backend only so far, and a CUDA load of
+# a file holding one is refused up front (model/loader.py check_tensor_types).
+CUDA_TYPES: tuple[str, ...] = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 class UnsupportedType(KeyError, ValueError):

@@ -5,6 +5,8 @@ quantize: the 32-element types go through gguf.quants (which follows ggml's refe
 quantizers), and the K-quants here are a vectorized simplification of ggml's
 make_qkx2_quants / make_qx_quants (a small grid of candidate scales per sub-block, least
 squares refit, then the sub-block scales quantized against the super-block's f16 d).
+IQ4_NL and IQ4_XS (gguf.quants only decodes them) simplify quantize_row_iq4_nl_impl the
+same way; MXFP4's is gguf.quants', i.e. ggml's quantize_row_mxfp4_ref.
 The error is bounded (tests/unit/test_quant.py states the bounds), not minimal.
 
 Byte layouts mirror dequant_ref.py; read that file for where each bit lives.
@@ -12,8 +14,11 @@ Byte layouts mirror dequant_ref.py; read that file for where each bit lives.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .dequant_ref import KVALUES_IQ4NL
 from .quant import QuantType, row_bytes
 
 _U8 = np.uint8
@@ -186,8 +191,76 @@ def _q_q6_k(x, out):
     _put_f16(out, 208, d)
 
 
-_K_QUANTIZERS = {"Q2_K": _q_q2_k, "Q3_K": _q_q3_k, "Q4_K": _q_q4_k, "Q5_K": _q_q5_k, "Q6_K": _q_q6_k}
-_K_CHUNK = 1024  # super-blocks per call: bounds the (blocks x candidates) temporaries
+_IQ4 = KVALUES_IQ4NL.astype(np.float32)
+_IQ4_MIDS = (_IQ4[1:] + _IQ4[:-1]) / 2
+# ggml's quantize_row_iq4_nl_impl tries the largest |x| at +127 and at -127 + t, |t| <= 7:
+# the table is asymmetric (-127 .. 113), so the sign of the scale matters.
+_IQ4_TARGETS = np.array([127.0] + [t - 127.0 for t in range(-7, 8)], np.float32)
+
+
+def _iq4_index(v: np.ndarray) -> np.ndarray:
+    """Index of the nearest kvalue, a tie going up (ggml's best_index_int8)."""
+    return np.searchsorted(_IQ4_MIDS, v, side="right").astype(_U8)
+
+
+def _iq4_fit(x: np.ndarray) -> np.ndarray:
+    """Per row of x (..., 32): the signed scale d with x ~ d * kvalue, weighted by x^2 as ggml
+    does without an importance matrix: each candidate's indices, then the least-squares d,
+    keeping the candidate that explains the most weighted energy."""
+    vmax = np.take_along_axis(x, np.abs(x).argmax(-1)[..., None], -1)          # signed, (..., 1)
+    iscale = _safe_div(_IQ4_TARGETS, vmax)[..., None, :]                       # (..., 1, C)
+    q = _IQ4[_iq4_index(x[..., :, None] * iscale)]                             # (..., 32, C)
+    wq = q * (x * x)[..., :, None]
+    sqx = np.einsum("...nc,...n->...c", wq, x)
+    sqq = np.einsum("...nc,...nc->...c", wq, q)
+    best = _safe_div(sqx * sqx, sqq).argmax(-1)[..., None]
+    return np.take_along_axis(_safe_div(sqx, sqq), best, -1)[..., 0]
+
+
+def _q_iq4_nl(x, out):
+    nb = len(x)
+    d = _f16_round(_iq4_fit(x))
+    q = _iq4_index(x * _safe_div(1, d)[:, None])
+    _put_f16(out, 0, d)
+    out[:, 2:] = _pack_nibbles(q.reshape(nb, 1, 2, 16), nb)
+
+
+def _q_iq4_xs(x, out):
+    # 8 sub-block scales, quantized to 6 bits (-32..31) against the f16 d; as ggml, the
+    # largest |scale| maps to -32, the end with one more step.
+    nb = len(x)
+    xs = x.reshape(nb, 8, 32)
+    scale = _iq4_fit(xs)
+    smax = np.take_along_axis(scale, np.abs(scale).argmax(-1)[:, None], -1)
+    # d rounded away from zero in f16, so that smax stays within -32 steps: small weights put
+    # d among f16's subnormals (~1e-6), where rounding to nearest clipped the largest scale.
+    d = smax / np.float32(-32)
+    d16 = d.astype(np.float16)
+    short = np.abs(d16) < np.abs(d)
+    d16[short] = np.nextafter(d16[short], np.copysign(np.float16(np.inf), d16[short]))
+    d = d16.astype(np.float32)
+    ls = np.clip(np.rint(_safe_div(scale, d)), -32, 31)
+    q = _iq4_index(xs * _safe_div(1, d * ls)[..., None])
+    u = (ls + 32).astype(_U8)
+    _put_f16(out, 0, d)
+    out[:, 2:4] = np.bitwise_or.reduce((u >> 4).astype(np.uint16) << np.arange(0, 16, 2, dtype=np.uint16),
+                                       axis=1).astype("<u2").reshape(nb, 1).view(_U8)
+    out[:, 4:8] = (u[:, 0::2] & 0x0F) | (u[:, 1::2] << 4)
+    out[:, 8:] = _pack_nibbles(q.reshape(nb, 8, 2, 16), nb)
+
+
+def _q_mxfp4(x, out):
+    # gguf.quants' (ggml's quantize_row_mxfp4_ref), called a chunk at a time: it keeps a table
+    # of 16 candidate errors per element.
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType
+    out[:] = gguf.quants.quantize(x, GGMLQuantizationType.MXFP4)
+
+
+# Quantizers called a chunk at a time; the other 32-element types go through gguf.quants whole.
+_QUANTIZERS = {"Q2_K": _q_q2_k, "Q3_K": _q_q3_k, "Q4_K": _q_q4_k, "Q5_K": _q_q5_k, "Q6_K": _q_q6_k,
+               "IQ4_NL": _q_iq4_nl, "IQ4_XS": _q_iq4_xs, "MXFP4": _q_mxfp4}
+_CHUNK_ELEMS = 1 << 18  # elements per call: bounds the (blocks x candidates) temporaries
 
 
 def quantize(qt: QuantType, f32_2d: np.ndarray) -> np.ndarray:
@@ -197,11 +270,12 @@ def quantize(qt: QuantType, f32_2d: np.ndarray) -> np.ndarray:
         raise ValueError(f"{qt.name}: expected a 2-D array of rows, got shape {x.shape}")
     rows, n = x.shape
     rb = row_bytes(qt, n)
-    if qt.name in _K_QUANTIZERS:
+    if qt.name in _QUANTIZERS:
         blocks = x.reshape(-1, qt.block_elems)
         out = np.empty((len(blocks), qt.block_bytes), _U8)
-        for i in range(0, len(blocks), _K_CHUNK):
-            _K_QUANTIZERS[qt.name](blocks[i:i + _K_CHUNK], out[i:i + _K_CHUNK])
+        step = _CHUNK_ELEMS // qt.block_elems
+        for i in range(0, len(blocks), step):
+            _QUANTIZERS[qt.name](blocks[i:i + step], out[i:i + step])
         return out.reshape(rows, rb)
     import gguf.quants
     from gguf.constants import GGMLQuantizationType
@@ -210,14 +284,18 @@ def quantize(qt: QuantType, f32_2d: np.ndarray) -> np.ndarray:
 
 
 # f16 fields of each type: (byte offset, may be negative). Scales (d, dmin) stay
-# positive as ggml writes them; Q4_1/Q5_1's m is a signed offset.
+# positive as ggml writes them; Q4_1/Q5_1's m is a signed offset. IQ4's d takes either sign
+# (ggml's quantizer writes both), which also centres the asymmetric kvalues table.
 _F16_FIELDS = {
     "Q4_0": ((0, False),), "Q4_1": ((0, False), (2, True)), "Q5_0": ((0, False),),
     "Q5_1": ((0, False), (2, True)), "Q8_0": ((0, False),), "Q2_K": ((80, False), (82, False)),
     "Q3_K": ((108, False),), "Q4_K": ((0, False), (2, False)), "Q5_K": ((0, False), (2, False)),
-    "Q6_K": ((208, False),),
+    "Q6_K": ((208, False),), "IQ4_NL": ((0, True),), "IQ4_XS": ((0, True),),
 }
 _F16_LO, _F16_HI = 0x1418, 0x211F  # f16 bit patterns of ~1.0e-3 and ~1.0e-2: finite, normal
+# e8m0 scale bytes (byte offset per type): 2^(e - 128) in [2^-10, 2^-7], as benign as the f16 ones.
+_E8M0_FIELDS = {"MXFP4": 0}
+_E8M0_LO, _E8M0_HI = 118, 121
 # Plain float types: keep random sign and mantissa, force the exponent into a benign
 # range so there is no inf/NaN/denormal: |x| in [2^-7, 2) for F32/BF16, [2^-3, 2) for F16.
 _FLOAT_MASKS = {"F32": (np.uint32, 0x83FFFFFF, 0x3C000000),
@@ -241,12 +319,14 @@ def random_blocks(qt: QuantType, rows: int, row_elems: int, rng: np.random.Gener
         words |= dt(force)
         return buf.reshape(rows, rb)
     blocks = buf.reshape(-1, qt.block_bytes)
-    for off, signed in _F16_FIELDS[qt.name]:
+    for off, signed in _F16_FIELDS.get(qt.name, ()):
         field = blocks[:, off:off + 2].view("<u2")[:, 0]
         vals = rng.integers(_F16_LO, _F16_HI + 1, size=len(blocks), dtype=np.uint16)
         if signed:  # keep the random sign bit already there
             vals |= field & np.uint16(0x8000)
         field[:] = vals
+    if qt.name in _E8M0_FIELDS:
+        blocks[:, _E8M0_FIELDS[qt.name]] = rng.integers(_E8M0_LO, _E8M0_HI + 1, size=len(blocks), dtype=_U8)
     return buf.reshape(rows, rb)
 
 
@@ -260,7 +340,8 @@ def center_blocks(qt: QuantType, raw: np.ndarray) -> None:
     """Make random_blocks' affine blocks zero-mean, as quantizing zero-mean weights leaves them:
     each sub-block's min becomes its scale and dmin = d * mean(q) (Q4_1/Q5_1: m = -d * mean(q)).
     Off-centre rows add up over K inputs; in a 28-layer 7B that alone overflows f16 activations.
-    The other types are near zero-mean already (q - 8, q - 32, signed int8)."""
+    The other types are near zero-mean already (q - 8, q - 32, signed int8, MXFP4's symmetric
+    e2m1 values, IQ4 blocks' random-signed d)."""
     if qt.name not in _AFFINE:
         return
     d_off, m_off, qmean, layout = _AFFINE[qt.name]
@@ -290,9 +371,22 @@ def scale_blocks(qt: QuantType, raw: np.ndarray, s: float) -> None:
             v *= v.dtype.type(s)
         return
     blocks = raw.reshape(-1, qt.block_bytes)
-    for off, _ in _F16_FIELDS[qt.name]:
+    for off, _ in _F16_FIELDS.get(qt.name, ()):
         field = np.ascontiguousarray(blocks[:, off:off + 2]).view("<f2")[:, 0]
         blocks[:, off:off + 2] = (field.astype(np.float32) * np.float32(s)).astype("<f2").view(_U8).reshape(-1, 2)
+    if qt.name in _E8M0_FIELDS:
+        _scale_e8m0(blocks, _E8M0_FIELDS[qt.name], s)
+
+
+def _scale_e8m0(blocks: np.ndarray, off: int, s: float) -> None:
+    """e8m0 scales are powers of two: each block's exponent moves by floor(log2 s) or one more,
+    the share f of "one more" spread evenly over the blocks and chosen so that the mean square
+    scales by s^2 ((1 - f) + 4f = s^2 / 4^floor), which is what callers matching an RMS need."""
+    lo = math.floor(math.log2(s))
+    f = (s * s / 4.0 ** lo - 1) / 3
+    i = np.arange(len(blocks))
+    up = np.floor((i + 1) * f) > np.floor(i * f)
+    blocks[:, off] = np.clip(blocks[:, off].astype(np.int64) + lo + up, 0, 255).astype(_U8)
 
 
 def quantize_x_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from minferd.backend.base import Backend, Weight
 from minferd.config import valve
-from minferd.devices import MatmulPath
+from minferd.devices import TENSOR_TYPES, MatmulPath
 from minferd.errors import ModelFileError
 from minferd.kernels.quant import SUPPORTED_NAMES
 from minferd.model.arch import MODELS
-from minferd.model.arch.llama import MATMUL, VECTOR
+from minferd.model.arch.llama import MATMUL, MOE_ROLES, VECTOR
 from minferd.model.gguf_file import GGUFFile
 from minferd.model.source import ModelSource
 from minferd.model.spec import ModelSpec, spec_from_metadata
@@ -58,7 +58,8 @@ class ModelFile:
         return sum(t.n_elems for t, role in self.tensors.values() if role == MATMUL)
 
     def matmul_types(self) -> frozenset:
-        return frozenset(t.qtype.name for t, role in self.tensors.values() if role == MATMUL)
+        """Types the quantized matmul path must cover: MoE tensors too (they never get f16 copies)."""
+        return frozenset(t.qtype.name for t, role in self.tensors.values() if role in (MATMUL, *MOE_ROLES))
 
 
 def open_model_file(source: ModelSource | str | os.PathLike) -> ModelFile:
@@ -94,6 +95,27 @@ def _checked(gf: GGUFFile) -> ModelFile:
                                  f"may be one of {', '.join(allowed)}")
         tensors[name] = (t, role)
     return ModelFile(gf, spec, tensors)
+
+
+def check_backend(mf: ModelFile, kind: str) -> None:
+    """Refuse, before anything is allocated, a model whose architecture `kind` ("cpu" or
+    "cuda[:N]") has no kernels for."""
+    ok = MODELS[mf.spec.arch].backends
+    if kind.partition(":")[0] not in ok:
+        raise ModelFileError(mf.path, f"{mf.spec.arch} runs on the {' and '.join(b.upper() for b in ok)} backend "
+                                      f"only so far, not {kind}")
+    check_tensor_types(mf, kind)
+
+
+def check_tensor_types(mf: ModelFile, kind: str) -> None:
+    """Refuse, before anything is allocated, a tensor of a type the `kind` backend cannot decode
+    (devices.TENSOR_TYPES: IQ4_NL, IQ4_XS and MXFP4 have no CUDA kernels yet)."""
+    runs = TENSOR_TYPES[kind.partition(":")[0]]
+    for name, (t, _) in mf.tensors.items():
+        if t.qtype.name not in runs:
+            where = " and ".join(k.upper() for k, types in TENSOR_TYPES.items() if t.qtype.name in types)
+            raise ModelFileError(mf.path, f"tensor {name} has type {t.qtype.name}, which runs on the {where} "
+                                          f"backend only so far, not {kind}")
 
 
 def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progress=None) -> dict[str, Weight]:
@@ -161,6 +183,7 @@ def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None 
         tokenizer = Tokenizer.from_metadata(read_tokenizer_metadata(mf.gguf))
     except ValueError as e:  # an unsupported tokenizer type is the file's problem: name the file
         raise ModelFileError(mf.path, str(e)) from None
+    check_backend(mf, device)
     backend, traits = make_backend(device, threads, matmul_path=matmul_path)
     mem = backend.untracked()
     weights = upload_weights(mf, backend, mem, MatmulPath(matmul_path))

@@ -6,14 +6,17 @@ from dataclasses import dataclass
 
 from minferd.errors import ModelFileError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX the two halves.
-ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen3moe": "neox"}
 # Gemma 3: five sliding-window layers, then one global layer; local layers use base 10k.
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # Limits past which a header is absurd rather than big (they keep estimates finite).
 MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_CTX = 1024, 1 << 17, 1024, 1 << 24
+MAX_FFN = 1 << 20
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+MOE_ARCHITECTURES = ("qwen3moe",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,9 @@ class ModelSpec:
     qk_norm: bool
     embed_scale: float  # gemma multiplies embeddings by sqrt(hidden)
     attn_scale: float  # multiplies q before q.k
+    n_expert: int = 0  # MoE: experts per layer (0 = a dense MLP)
+    n_expert_used: int = 0  # experts each token is routed to
+    expert_ffn: int = 0  # one expert's hidden width
 
     @property
     def q_dim(self) -> int:
@@ -82,7 +88,7 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
         raise ModelFileError(path, f"head dimension {head_dim} is odd; rope needs pairs")
     if _get(md, path, a + "attention.value_length", head_dim) != head_dim:
         raise ModelFileError(path, "attention.value_length differs from key_length (not supported)")
-    ffn = _check_range(path, a + "feed_forward_length", _get(md, path, a + "feed_forward_length"), 1, 1 << 20)
+    ffn = _check_range(path, a + "feed_forward_length", _get(md, path, a + "feed_forward_length"), 1, MAX_FFN)
     ctx = _check_range(path, a + "context_length", _get(md, path, a + "context_length", 4096), 1, MAX_CTX)
     eps = _get(md, path, a + "attention.layer_norm_rms_epsilon", 1e-6, float)
     if not (eps >= 0 and math.isfinite(eps)):  # a NaN epsilon turns every output into NaN, silently
@@ -112,6 +118,13 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
             period = _check_range(path, a + "attention.sliding_window_pattern", _get(
                 md, path, a + "attention.sliding_window_pattern", GEMMA3_SWA_PERIOD), 1, MAX_LAYERS)
             swa = tuple((i + 1) % period != 0 for i in range(n_layers))
+    n_expert = n_used = expert_ffn = 0
+    if arch in MOE_ARCHITECTURES:
+        n_expert = _check_range(path, a + "expert_count", _get(md, path, a + "expert_count"), 1, MAX_EXPERTS)
+        n_used = _check_range(path, a + "expert_used_count", _get(md, path, a + "expert_used_count"), 1, n_expert)
+        # llama.cpp's default when a file does not say: the dense width split over the used experts.
+        expert_ffn = _check_range(path, a + "expert_feed_forward_length", _get(
+            md, path, a + "expert_feed_forward_length", max(1, ffn // n_used)), 1, MAX_FFN)
     # Through _get: a string vocab_size was a ValueError from int() below, not a ModelFileError.
     if md.get(a + "vocab_size") is not None:
         n_vocab = _check_range(path, a + "vocab_size", _get(md, path, a + "vocab_size"), 1, 1 << 31)
@@ -125,7 +138,8 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
         rope_base_swa=GEMMA3_LOCAL_ROPE_BASE if arch == "gemma3" else rope_base,
         rope_scale=scale, sliding_window=window, swa_layers=swa,
         tied_embeddings="output.weight" not in tensor_names,
-        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"),
+        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         embed_scale=math.sqrt(hidden) if arch == "gemma3" else 1.0,
         attn_scale=1.0 / math.sqrt(head_dim),
+        n_expert=n_expert, n_expert_used=n_used, expert_ffn=expert_ffn,
     )

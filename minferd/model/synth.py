@@ -1,4 +1,4 @@
-"""Write synthetic GGUF models: real architecture shapes, any of the 13 types, a tokenizer of
+"""Write synthetic GGUF models: real architecture shapes, any type of kernels/quant.py, a tokenizer of
 the preset's vocabulary size, so that both minferd and llama.cpp load them.
 
 Weights come from a seeded random float model quantized by the project's reference quantizers,
@@ -18,7 +18,7 @@ from minferd.kernels.quant import QK_K, TYPES, QuantType, row_bytes
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
 from minferd.model.arch import MODELS
-from minferd.model.arch.llama import EMBED, VECTOR
+from minferd.model.arch.llama import EMBED, ROUTER, VECTOR
 from minferd.model.spec import GEMMA3_SWA_PERIOD, spec_from_metadata
 from minferd.model.synth_vocab import add_metadata, synth_vocab
 
@@ -37,6 +37,9 @@ class Preset:
     eps: float = 1e-6
     tied: bool = True
     window: int = 0
+    experts: int = 0  # MoE: experts per layer, each token's share of them, one expert's width
+    experts_used: int = 0
+    expert_ffn: int = 0
 
 
 _TINY = Preset(vocab=1024, hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=2048)
@@ -46,15 +49,21 @@ PRESETS: dict[tuple[str, str], Preset] = {
     ("qwen3", "tiny"): _TINY,
     # Six layers so that the tiny Gemma has five sliding-window layers and one global one.
     ("gemma3", "tiny"): replace(_TINY, layers=GEMMA3_SWA_PERIOD, kv_heads=1, window=16),
+    ("qwen3moe", "tiny"): replace(_TINY, tied=False, experts=8, experts_used=2, expert_ffn=128),
     ("qwen2", "0.5b"): Preset(151936, 896, 24, 14, 2, 64, 4864, 32768),
     ("qwen2", "7b"): Preset(152064, 3584, 28, 28, 4, 128, 18944, 32768, tied=False),
     ("llama", "8b"): Preset(128256, 4096, 32, 32, 8, 128, 14336, 131072, rope_base=500000.0, eps=1e-5, tied=False),
     ("qwen3", "0.6b"): Preset(151936, 1024, 28, 16, 8, 128, 3072, 40960),
     ("gemma3", "270m"): Preset(262144, 640, 18, 4, 1, 256, 2048, 32768, window=512),
+    # Qwen3-30B-A3B's config.json: 128 experts, 8 per token, moe_intermediate_size 768.
+    ("qwen3moe", "30b-a3b"): Preset(151936, 2048, 48, 32, 4, 128, 6144, 40960, tied=False,
+                                    experts=128, experts_used=8, expert_ffn=768),
 }
-VOCAB_KIND = {"llama": "gpt2", "qwen2": "gpt2", "qwen3": "gpt2", "gemma3": "llama"}
-# llama.cpp's fallbacks when a row is not a whole number of 256-element super-blocks.
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+VOCAB_KIND = {"llama": "gpt2", "qwen2": "gpt2", "qwen3": "gpt2", "gemma3": "llama", "qwen3moe": "gpt2"}
+# llama.cpp's fallbacks when a row is not a whole number of 256-element super-blocks
+# (llama-quant.cpp; since IQ4_NL exists it gives Q2_K/Q3_K IQ4_NL too, Q4_0 here keeps those
+# files loadable on the CUDA backend, which has no IQ4_NL kernels).
+K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 QUANTS = tuple(n.lower() for n in TYPES) + ("q4_k_m",)
 
 
@@ -64,13 +73,13 @@ def _more_bits(i: int, n: int) -> bool:
 
 
 def tensor_type(name: str, role: str, quant: str, n_layers: int, row_elems: int, tied: bool) -> QuantType:
-    if role == VECTOR:
+    if role in (VECTOR, ROUTER):  # llama.cpp's quantizer keeps routers in f32 too
         return TYPES["F32"]
     if quant != "q4_k_m":
         t = quant.upper()
     elif name == "output.weight" or (tied and name == "token_embd.weight"):
         t = "Q6_K"
-    elif name.endswith(("attn_v.weight", "ffn_down.weight")):
+    elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")):
         t = "Q6_K" if _more_bits(int(name.split(".")[1]), n_layers) else "Q4_K"
     else:
         t = "Q4_K"
@@ -91,6 +100,9 @@ def _metadata(arch: str, p: Preset, name: str) -> dict:
     }
     if p.window:
         md[a + "attention.sliding_window"] = p.window
+    if p.experts:
+        md.update({a + "expert_count": p.experts, a + "expert_used_count": p.experts_used,
+                   a + "expert_feed_forward_length": p.expert_ffn})
     return md
 
 
@@ -148,8 +160,9 @@ def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: 
         row_elems, rows = shape[0], int(np.prod(shape[1:])) if len(shape) > 1 else 1
         qt = tensor_type(name, role, quant, p.layers, row_elems, p.tied)
         nbytes = rows * row_bytes(qt, row_elems)
-        w.add_tensor_info(name, (rows, nbytes // rows) if len(shape) > 1 else (nbytes,), np.dtype(np.uint8),
-                          nbytes, raw_dtype=GGMLQuantizationType(qt.ggml_id))
+        # The writer takes NumPy order, its last axis in bytes: a 3D tensor (stacked experts) stays 3D.
+        byte_shape = (*reversed(shape[1:]), nbytes // rows) if len(shape) > 1 else (nbytes,)
+        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType(qt.ggml_id))
         plan.append((name, role, qt, rows, row_elems))
     w.write_header_to_file()
     w.write_kv_data_to_file()

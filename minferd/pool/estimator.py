@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from minferd.config import KV_BLOCK_TOKENS
 from minferd.devices import DeviceTraits
-from minferd.model.arch.llama import MATMUL, VECTOR
+from minferd.model.arch.llama import MATMUL, MOE_ROLES, VECTOR
 from minferd.model.loader import ModelFile
 
 VECTOR_ELEM_BYTES = 4  # norms and biases are held as f32 on every backend
@@ -13,12 +13,12 @@ VECTOR_ELEM_BYTES = 4  # norms and biases are held as f32 on every backend
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    weights: int  # quantized matrices as stored, vectors as f32
-    w16: int  # what a W16 plan adds: 2 bytes per matmul element
+    weights: int  # quantized matrices (MoE experts and routers included) as stored, vectors as f32
+    w16: int  # what a W16 plan adds: 2 bytes per matmul element (MoE tensors get no f16 copy)
     kv: int
     scratch: int
-    matmul_bytes: int  # quantized bytes of the matmul weights (the W16 size gate reads this)
-    matmul_types: frozenset  # type names of the matmul weights
+    matmul_bytes: int  # quantized bytes of the matmul weights an f16 copy covers (the W16 size gate reads this)
+    matmul_types: frozenset  # type names of the matmul weights, MoE ones included (the quantized path runs them)
     ctx: int
 
     def total(self, with_w16: bool) -> int:
@@ -47,6 +47,7 @@ def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int, kv_tokens: int | Non
         if role == MATMUL:
             w16 += 2 * t.n_elems
             mm_bytes += t.n_bytes
+        if role == MATMUL or role in MOE_ROLES:
             types.add(t.qtype.name)
     scratch = traits.scratch_bytes(mf.spec, ctx, traits.max_batch)
     kv = kv_bytes(mf, kv_tokens or ctx, traits.kv_elem_bytes)

@@ -16,10 +16,10 @@ gguf_quants = pytest.importorskip("gguf.quants")
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 from minferd.kernels.dequant import dequant_f16, dequant_rows  # noqa: E402
-from minferd.kernels.quant import TYPES  # noqa: E402
+from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
-NAMES = tuple(TYPES)
+NAMES = CUDA_TYPES
 
 
 def gguf_f32(qt, raw: np.ndarray) -> np.ndarray:

@@ -14,12 +14,12 @@ cp = pytest.importorskip("cupy")
 
 from minferd.kernels import mmvq as mv  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
-from minferd.kernels.quant import TYPES  # noqa: E402
+from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
 from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
 
 TOL = 1e-2  # the contract; the two-plane x of mmvq.cu lands near 1e-5 on these data
-NAMES = tuple(TYPES)
+NAMES = CUDA_TYPES
 
 
 def run(qt, w, x_h: np.ndarray, **kw):

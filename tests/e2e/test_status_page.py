@@ -32,14 +32,16 @@ def chromium(url: str, *args: str) -> str:
 class Page(html.parser.HTMLParser):
     def __init__(self, text: str):
         super().__init__()
-        self.segments, self.rows, self.texts, self._id = [], [], {}, None
+        self.segments, self.rows, self.texts, self._id, self.bars = [], [], {}, None, []
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if "bar" in (a.get("class") or "").split():
+            self.bars.append(a["data-device"])
         if "seg" in (a.get("class") or "").split():
             width = float(re.search(r"width:\s*([\d.e-]+)%", a["style"]).group(1))
-            self.segments.append((a["data-model"], a["data-kind"], width))
+            self.segments.append((a["data-model"], a["data-kind"], width, self.bars[-1]))
         if tag == "tr" and "data-model" in a:
             self.rows.append(a["data-model"])
         self._id = a.get("id")
@@ -57,10 +59,12 @@ def daemon(tmp_path_factory, synth_model):
     d = Daemon(tmp, "--device", "cpu", "--budget", "64MiB", "--w16-min-bytes", "0", "--http", f"127.0.0.1:{port}",
                "--models-dir", qwen.parent, "--models-dir", lm.parent, token=TOKEN)
     d.url = f"http://127.0.0.1:{port}/"
-    for path, name in ((qwen, "qwen"), (lm, "lm"), (qwen, "qwen-b")):
-        d.load(path, name, ctx=256)
-    yield d
-    d.stop()
+    try:
+        for path, name in ((qwen, "qwen"), (lm, "lm"), (qwen, "qwen-b")):
+            d.load(path, name, ctx=256)
+        yield d
+    finally:
+        d.stop()
 
 
 def test_the_page_renders_the_live_pool(daemon, tmp_path):
@@ -68,10 +72,10 @@ def test_the_page_renders_the_live_pool(daemon, tmp_path):
     page = Page(chromium(daemon.url + "#token=" + TOKEN, "--dump-dom"))
     names = [m.name for m in st.models]
     assert page.rows == names
-    assert {m for m, _, _ in page.segments} == set(names)
+    assert {m for m, _, _, _ in page.segments} == set(names)
     # qwen-b shares qwen's file: its weights and f16 copy are drawn once, under qwen.
-    assert {k for m, k, _ in page.segments if m == "qwen-b"} == {"kv", "scratch"}
-    drawn = sum(w for _, _, w in page.segments)
+    assert {k for m, k, _, _ in page.segments if m == "qwen-b"} == {"kv", "scratch"}
+    drawn = sum(w for _, _, w, _ in page.segments)
     assert abs(drawn - 100 * st.pool.used_bytes / st.pool.capacity_bytes) < 0.01, (drawn, st.pool)
     assert "of 64.0 MiB" in page.texts["pool"] and not page.texts.get("error", "").strip()
 
@@ -86,3 +90,21 @@ def test_without_the_token_it_shows_an_error_not_the_pool(daemon):
     page = Page(chromium(daemon.url, "--dump-dom"))
     assert not page.rows and not page.segments
     assert "missing or wrong bearer token" in page.texts["error"] and "#token=" in page.texts["error"]
+
+
+def test_several_devices_get_a_bar_each(tmp_path, synth_model):
+    qwen, lm = synth_model("qwen2"), synth_model("llama", "q4_k")
+    port = _port()
+    d = Daemon(tmp_path, "--device", "cpu:0,cpu:1", "--budget", "32MiB", "--w16-min-bytes", "0", "--insecure",
+               "--http", f"127.0.0.1:{port}", "--models-dir", qwen.parent, "--models-dir", lm.parent)
+    try:
+        d.load(qwen, "q", ctx=256, device="cpu:0")
+        d.load(lm, "l", ctx=256, device="cpu:1")
+        page = Page(chromium(f"http://127.0.0.1:{port}/", "--dump-dom"))
+        assert page.bars == ["cpu:0", "cpu:1"]
+        assert {(m, dev) for m, _, _, dev in page.segments} == {("q", "cpu:0"), ("l", "cpu:1")}
+        for p in d.status().pools:
+            drawn = sum(w for _, _, w, dev in page.segments if dev == p.device)
+            assert abs(drawn - 100 * p.used_bytes / p.capacity_bytes) < 0.01
+    finally:
+        d.stop()

@@ -68,7 +68,7 @@ def test_rmsnorm_and_gates():
     np.testing.assert_allclose(be.gelu_gate(g, u), gelu * u, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "Q8_0", "Q6_K", "F16"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "Q8_0", "Q6_K", "F16", "IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_matmul_and_embed_row_blocks(name):
     """Row blocks (and W16) give the dense product of the dequantized matrix, rows in order."""
     from minferd.kernels.dequant_ref import dequantize

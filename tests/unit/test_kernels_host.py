@@ -1,5 +1,5 @@
 """The CUDA decoders and mat-vec units, compiled for the host (tests/host/kernels_host.cpp):
-blocks.cuh's decoders equal gguf.quants.dequantize bit for bit for all 13 types, at odd and
+blocks.cuh's decoders equal gguf.quants.dequantize bit for bit for all 13 CUDA types, at odd and
 even block indices, with every load at its natural alignment (the shim reports a misaligned
 one, return code 2); mmvq.cu's
 per-unit integer products, fed x in xquant.cuh's format (quantize_x_ref), land within 1e-4 of
@@ -18,7 +18,7 @@ from gguf.constants import GGMLQuantizationType
 
 from minferd.kernels import DIR
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.quant import TYPES, row_bytes
+from minferd.kernels.quant import CUDA_TYPES, TYPES, row_bytes
 from minferd.kernels.quantize_ref import quantize_x_ref, random_blocks
 
 SHIM = Path(__file__).resolve().parents[1] / "host" / "kernels_host.cpp"
@@ -54,7 +54,7 @@ def placed(raw: np.ndarray, start_row: int, rows: int) -> np.ndarray:
     return buf[start_row * rb:(start_row + rows) * rb]
 
 
-@pytest.mark.parametrize("name", list(TYPES))
+@pytest.mark.parametrize("name", CUDA_TYPES)
 def test_decoders_equal_gguf_bit_for_bit(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(TYPES[name].ggml_id)
     shapes = ((3, qt.block_elems * 3), (4, 512)) if qt.is_quantized else ((3, 40), (4, 24))
@@ -68,7 +68,7 @@ def test_decoders_equal_gguf_bit_for_bit(lib, name):
                 (name, rows, K, start)
 
 
-@pytest.mark.parametrize("name", [n for n, q in TYPES.items() if q.is_quantized])
+@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized])
 def test_mmvq_units_match_f64(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
     for rows, K in ((5, 768), (3, qt.block_elems * 3)):

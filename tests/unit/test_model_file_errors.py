@@ -3,6 +3,7 @@ import struct
 
 import numpy as np
 import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minferd.errors import ModelFileError
 from minferd.model.loader import open_model_file
@@ -79,9 +80,11 @@ def test_unknown_architecture(good, tmp_path):
 
 def test_unsupported_tensor_type(good, tmp_path):
     p = tmp_path / "bad.gguf"
-    # IQ4_NL has Q4_0's block size (18 bytes per 32), so only the type id is wrong.
-    rewrite(good, p, tensors={"blk.0.attn_q.weight": {"type": "IQ4_NL"}})
-    msg = refused(p, "blk.0.attn_q.weight", "IQ4_NL")
+    # IQ3_S has no dequantizer here; its data is of its size, so only the type is wrong.
+    elems, size = GGML_QUANT_SIZES[GGMLQuantizationType.IQ3_S]
+    data = np.zeros(256 * 256 // elems * size, np.uint8)
+    rewrite(good, p, tensors={"blk.0.attn_q.weight": {"type": "IQ3_S", "data": data}})
+    msg = refused(p, "blk.0.attn_q.weight", "IQ3_S")
     assert "Q4_K" in msg  # names the supported set
 
 
@@ -124,3 +127,40 @@ def test_missing_metadata(good, tmp_path):
 
 def test_not_a_file(tmp_path):
     refused(tmp_path / "nope.gguf", "cannot read")
+
+
+@pytest.fixture(scope="module")
+def moe(synth_model):
+    return synth_model("qwen3moe", "q8_0")
+
+
+def test_moe_file_opens(moe):
+    s = open_model_file(moe).spec
+    assert (s.n_expert, s.n_expert_used, s.expert_ffn) == (8, 2, 128)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("qwen3moe.expert_used_count", 9, ("expert_used_count = 9", "[1, 8]")),
+    ("qwen3moe.expert_used_count", 0, ("expert_used_count = 0",)),
+    ("qwen3moe.expert_count", 1 << 20, ("expert_count",)),
+    ("qwen3moe.expert_count", DROP, ("expert_count", "missing")),
+    ("qwen3moe.expert_feed_forward_length", 0, ("expert_feed_forward_length",)),
+])
+def test_bad_moe_metadata(moe, tmp_path, key, value, words):
+    p = tmp_path / "bad.gguf"
+    rewrite(moe, p, metadata={key: value})
+    refused(p, *words)
+
+
+def test_missing_expert_tensor(moe, tmp_path):
+    p = tmp_path / "bad.gguf"
+    rewrite(moe, p, tensors={"blk.1.ffn_down_exps.weight": DROP})
+    refused(p, "blk.1.ffn_down_exps.weight", "missing")
+
+
+@pytest.mark.parametrize("shape", [(256, 128, 4), (256, 1024)])  # too few experts; experts flattened to 2D
+def test_wrong_expert_shape(moe, tmp_path, shape):
+    p = tmp_path / "bad.gguf"
+    raw = np.zeros(256 // 32 * 34 * int(np.prod(shape[1:])), np.uint8)
+    rewrite(moe, p, tensors={"blk.0.ffn_up_exps.weight": {"shape": shape, "data": raw}})
+    refused(p, "blk.0.ffn_up_exps.weight", f"shape {list(shape)}", "expected [256, 128, 8]")

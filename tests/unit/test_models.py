@@ -6,7 +6,7 @@ import pytest
 from minferd.model.generate import generate, prefill
 from minferd.model.loader import load_local
 from minferd.model.sampler import SamplingParams
-from tests.conftest import ARCHS, TYPES
+from tests.conftest import ARCHS, CPU_ONLY_ARCHS, CPU_ONLY_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
 
 N_TOKENS = 24
 
@@ -15,8 +15,8 @@ def _ids(n_vocab, n, seed=0):
     return np.random.default_rng(seed).integers(260, n_vocab - 16, n)
 
 
-@pytest.mark.parametrize("quant", TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,quant", [(a, q) for q in TYPES for a in ARCHS] +
+                         [(a, q) for q in CPU_ONLY_TYPES for a in CPU_ONLY_ARCHS])
 def test_decode_matches_prefill(synth_model, arch, quant):
     lm = load_local(synth_model(arch, quant), "mmq", threads=1)
     s, be = lm.spec, lm.model.be
@@ -29,7 +29,13 @@ def test_decode_matches_prefill(synth_model, arch, quant):
     assert np.isfinite(whole).all() and whole.std() > 0
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("quant", MOE_TYPES)
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_decode_matches_prefill(synth_model, arch, quant):
+    test_decode_matches_prefill(synth_model, arch, quant)
+
+
+@pytest.mark.parametrize("arch", ARCHS + MOE_ARCHS)
 def test_generate(synth_model, arch):
     lm = load_local(synth_model(arch, "q4_k"), "mmq", threads=1)
     res = generate(lm.model, lm.tokenizer, _ids(lm.spec.n_vocab, 5).tolist(),
@@ -41,7 +47,7 @@ def test_generate(synth_model, arch):
     assert res.finish_reason in ("length", "stop")
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MOE_ARCHS)
 def test_w16_plan_matches_dequant_at_use(synth_model, arch):
     """The resident f16 copy holds exactly the f16-rounded dequantized weights."""
     path = synth_model(arch, "q4_k")

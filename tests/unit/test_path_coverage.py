@@ -2,7 +2,7 @@
 MMQ kernel sends a model to FUSED_B."""
 from minferd.devices import MatmulPath, cuda_traits
 from minferd.kernels import gemm_f16, mmq
-from minferd.kernels.quant import TYPES
+from minferd.kernels.quant import CUDA_TYPES
 from minferd.pool.estimator import estimate
 from minferd.pool.planner import plan
 
@@ -10,7 +10,8 @@ from minferd.pool.planner import plan
 def test_cuda_coverage_is_the_kernels_own():
     t = cuda_traits()
     assert t.path_types[MatmulPath.MMQ] == mmq.SUPPORTED
-    assert t.path_types[MatmulPath.FUSED_B] == gemm_f16.SUPPORTED == frozenset(TYPES)
+    assert t.path_types[MatmulPath.FUSED_B] == gemm_f16.SUPPORTED == frozenset(CUDA_TYPES)
+    assert t.path_types[MatmulPath.W16] == frozenset(CUDA_TYPES)
     assert "F16" not in mmq.SUPPORTED and "Q4_K" in mmq.SUPPORTED
 
 

@@ -13,12 +13,19 @@ from minferd.config import KV_BLOCK_TOKENS
 from minferd.devices import LOGITS_ROWS
 from minferd.model.spec import ModelSpec
 
-# Tensor roles decide which types are acceptable: matmul and embedding weights may be any of
-# the 13 types; norms and biases are small vectors kept in float.
+# Tensor roles decide which types are acceptable: matmul and embedding weights may be any type
+# of kernels/quant.py; norms and biases are small vectors kept in float.
 MATMUL, EMBED, VECTOR = "matmul", "embed", "vector"
+# MoE matmuls, any type too, that never get an f16 copy: stacked experts are most of a MoE's
+# bytes and are priced apart; the router picks experts by the order of its logits, which f16
+# rounding of an f32 router would change (llama.cpp keeps routers in f32).
+EXPERTS, ROUTER = "experts", "router"
+MOE_ROLES = (EXPERTS, ROUTER)
 
 
 class LlamaModel:
+    backends = ("cpu", "cuda")  # the backends with kernels for every op its forward pass calls
+
     def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
         self.spec, self.w, self.be = spec, weights, backend
         self.max_batch = backend.max_batch  # tokens per forward call: sizes rings and scratch
@@ -118,5 +125,10 @@ class LlamaModel:
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
         x = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"], residual=x)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
+        return self.mlp(p, h, residual=x)
+
+    def mlp(self, p: str, h, residual):
+        """The feed-forward half of layer `p`, its output added to the residual."""
+        be = self.be
         g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
-        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=x)
+        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=residual)

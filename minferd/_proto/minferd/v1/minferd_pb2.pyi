@@ -19,7 +19,7 @@ MMQ: MatmulPath
 FUSED_B: MatmulPath
 
 class LoadModelRequest(_message.Message):
-    __slots__ = ("name", "path", "matmul_path", "ctx", "pinned", "keep_alive_seconds", "parallel", "kv_tokens")
+    __slots__ = ("name", "path", "matmul_path", "ctx", "pinned", "keep_alive_seconds", "parallel", "kv_tokens", "device")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MATMUL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class LoadModelRequest(_message.Message):
     KEEP_ALIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     matmul_path: MatmulPath
@@ -36,7 +37,8 @@ class LoadModelRequest(_message.Message):
     keep_alive_seconds: float
     parallel: int
     kv_tokens: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., matmul_path: _Optional[_Union[MatmulPath, str]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., parallel: _Optional[int] = ..., kv_tokens: _Optional[int] = ...) -> None: ...
+    device: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., matmul_path: _Optional[_Union[MatmulPath, str]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., parallel: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("phase", "bytes_done", "bytes_total", "model")
@@ -122,14 +124,16 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("pool", "models", "events")
+    __slots__ = ("pool", "models", "events", "pools")
     POOL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
     pool: PoolInfo
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     events: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    def __init__(self, pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., events: _Optional[_Iterable[str]] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
     __slots__ = ("device", "capacity_bytes", "used_bytes", "reserved_bytes", "free_bytes", "total_bytes", "w16_min_bytes", "allocated_bytes", "loading", "unloading")
@@ -168,7 +172,7 @@ class ByKind(_message.Message):
     def __init__(self, weights: _Optional[int] = ..., w16: _Optional[int] = ..., kv: _Optional[int] = ..., scratch: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set", "engine")
+    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set", "engine", "device")
     class TypeMixEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +201,7 @@ class ModelInfo(_message.Message):
     WAITING_FOR_W16_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SET_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -218,7 +223,8 @@ class ModelInfo(_message.Message):
     waiting_for_w16: bool
     weight_set: str
     engine: EngineInfo
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ...) -> None: ...
+    device: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("running", "waiting", "blocks_total", "blocks_used", "blocks_cached", "blocks_free", "block_size", "kv_tokens")

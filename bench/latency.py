@@ -1,0 +1,176 @@
+"""Latency of one request: time to first token by prompt length and single-stream decode, through
+a real daemon and gRPC, beside llama.cpp on the same file in the same run.
+
+    python bench/latency.py MODEL [--device auto|cpu|cuda] [--lengths 1,16,128,512,2048] [--reps 5]
+        [--gen-tokens 128] [--llama-bench PATH] [--threads N] [--json OUT]
+
+MODEL is a GGUF path or a packaged name (gemma3-270m). The daemon (minferd.spawn, a private unix
+socket) loads it with ctx = the longest prompt + gen. Each TTFT sample is a streaming Generate of
+fresh random token ids (nothing shared through the prefix cache), max_tokens 1, from the call to
+its first token event; the median of --reps after one warm-up per length. Decode: one request of
+gen-tokens after a 16-token prompt, tokens per second between its first and last token.
+
+llama.cpp's columns: with --llama-bench (the binary ../shared/device/llama_cpp.sh builds on the
+device), `llama-bench -p LENGTHS -n GEN` on the same file (TTFT = length / its prefill rate, which
+excludes the sampling and the transport minferd's figure includes); without it, on the CPU,
+llama-cpp-python in this process: the wall time of eval() of the same prompt lengths, and of
+gen-tokens single-token evals, with the same thread count as the daemon.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+import serve  # noqa: E402  (bench/serve.py: its channel and streaming Generate)
+from minferd._proto import pb2, pb2_grpc  # noqa: E402
+from minferd.config import KV_BLOCK_TOKENS  # noqa: E402
+
+
+def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
+    from minferd.spawn import log_tail, start_daemon, stop_daemon
+    ctx = -(-(max(lengths) + args.gen_tokens) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    tmp = tempfile.TemporaryDirectory(prefix="minferd-lat-", dir="/tmp")
+    serve_args = ["--models-dir", str(model.parent), "--device", args.device, "--drain-seconds", "5"]
+    if args.threads:
+        serve_args += ["--threads", str(args.threads)]
+    daemon = start_daemon(Path(tmp.name), serve_args)
+    ch = serve.channel(daemon["address"])
+    try:
+        stub = pb2_grpc.MinferdStub(ch)
+        list(stub.LoadModel(pb2.LoadModelRequest(name=serve.MODEL_NAME, path=model.name, ctx=ctx, pinned=True,
+                                                 keep_alive_seconds=-1.0), timeout=600))
+        ttft = {}
+        for n in lengths:
+            samples = []
+            for rep in range(args.reps + 1):  # the first warms this length's shapes up (compiles, graphs)
+                r = serve.generate(stub, rand(n), 1, args.timeout)
+                if rep:
+                    samples.append((r["times"][0] - r["t_send"]) * 1e3)
+            ttft[n] = {"median_ms": statistics.median(samples), "samples_ms": samples}
+        serve.generate(stub, rand(16), args.gen_tokens, args.timeout)  # warm-up
+        rates = []
+        for _ in range(args.reps):
+            t = serve.generate(stub, rand(16), args.gen_tokens, args.timeout)["times"]
+            rates.append((len(t) - 1) / (t[-1] - t[0]))
+        device = stub.GetStatus(pb2.GetStatusRequest(), timeout=30).pool.device
+        return {"device": device, "ctx": ctx, "ttft": ttft, "decode_tok_s": statistics.median(rates),
+                "decode_samples": rates}
+    except BaseException:
+        print(f"latency: daemon log, last lines:\n{log_tail(Path(daemon['log']))}", file=sys.stderr)
+        raise
+    finally:
+        serve.close(ch)
+        stop_daemon(daemon["pid"])
+        tmp.cleanup()
+
+
+def llama_bench_side(binary: str, model: Path, args, lengths: list[int]) -> dict:
+    cmd = [binary, "-m", str(model), "-ngl", "99", "-fa", "1", "-p", ",".join(map(str, lengths)),
+           "-n", str(args.gen_tokens), "-r", str(args.reps), "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800).stdout)
+    ttft, decode = {}, None
+    for r in rows:
+        if r["n_prompt"] and not r["n_gen"]:
+            ttft[r["n_prompt"]] = {"median_ms": 1e3 * r["n_prompt"] / r["avg_ts"]}
+        elif r["n_gen"] and not r["n_prompt"]:
+            decode = r["avg_ts"]
+    return {"how": "llama-bench " + " ".join(cmd[3:]), "build": rows[0].get("build_commit"), "ttft": ttft,
+            "decode_tok_s": decode}
+
+
+def llama_cpp_python_side(model: Path, args, lengths: list[int], rand) -> dict:
+    import llama_cpp
+    threads = args.threads or os.cpu_count()
+    ctx = max(lengths) + args.gen_tokens + 16
+    m = llama_cpp.Llama(str(model), n_ctx=ctx, n_batch=max(lengths), n_threads=threads, verbose=False)
+    ttft = {}
+    for n in lengths:
+        samples = []
+        for rep in range(args.reps + 1):
+            ids = rand(n)
+            m.reset()
+            t0 = time.perf_counter()
+            m.eval(ids)
+            if rep:
+                samples.append((time.perf_counter() - t0) * 1e3)
+        ttft[n] = {"median_ms": statistics.median(samples), "samples_ms": samples}
+    rates = []
+    for _ in range(args.reps):
+        m.reset()
+        m.eval(rand(16))
+        t0 = time.perf_counter()
+        for tok in rand(args.gen_tokens - 1):
+            m.eval([tok])
+        rates.append((args.gen_tokens - 1) / (time.perf_counter() - t0))
+    return {"how": f"llama-cpp-python {llama_cpp.__version__} in-process eval(), {threads} threads",
+            "ttft": ttft, "decode_tok_s": statistics.median(rates)}
+
+
+def table(res: dict) -> str:
+    ours, ref = res["minferd"], res.get("llama")
+    lines = [f"minferd latency: {res['model']} on {ours['device']} (ctx {ours['ctx']}), medians of {res['reps']}",
+             f"llama.cpp: {ref['how'] if ref else 'not run'}",
+             f"{'prompt':>8} {'TTFT ms':>10} {'llama ms':>10} {'ratio':>7}"]
+    for n, t in ours["ttft"].items():
+        r = ref["ttft"].get(n) if ref else None
+        lines.append(f"{n:>8} {t['median_ms']:>10.2f} {r['median_ms'] if r else float('nan'):>10.2f} "
+                     f"{t['median_ms'] / r['median_ms'] if r else float('nan'):>7.2f}")
+    d_ref = ref["decode_tok_s"] if ref and ref["decode_tok_s"] else float("nan")
+    lines.append(f"decode tg{res['gen_tokens']}: {ours['decode_tok_s']:.1f} tok/s, llama.cpp {d_ref:.1f} "
+                 f"({ours['decode_tok_s'] / d_ref:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--lengths", default="1,16,128,512,2048")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None, help="the daemon's (and llama-cpp-python's) CPU threads")
+    ap.add_argument("--llama-bench", default=None, help="path of llama-bench: llama.cpp's columns from it")
+    ap.add_argument("--no-llama", action="store_true", help="minferd's side only")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from minferd.model.gguf_file import GGUFFile
+    from minferd.model.loader import resolve_path
+    model = Path(resolve_path(args.model)).resolve()
+    gguf = GGUFFile(model)
+    n_vocab = gguf.array_len("tokenizer.ggml.tokens")
+    gguf.close()
+    rng = np.random.default_rng(args.seed)
+    rand = lambda n: rng.integers(0, n_vocab, n).tolist()  # noqa: E731
+    lengths = [int(x) for x in args.lengths.split(",")]
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the daemon's stop
+    res = {"model": str(model), "reps": args.reps, "gen_tokens": args.gen_tokens,
+           "minferd": minferd_side(model, args, lengths, rand)}
+    if args.llama_bench:
+        res["llama"] = llama_bench_side(args.llama_bench, model, args, lengths)
+    elif not args.no_llama and res["minferd"]["device"] == "cpu":
+        res["llama"] = llama_cpp_python_side(model, args, lengths, rand)
+    print(table(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

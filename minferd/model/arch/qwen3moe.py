@@ -1,0 +1,31 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, and in place of the MLP a router
+sending each token to n_expert_used of n_expert SwiGLU experts. No shared expert.
+
+Routing is llama.cpp's build_moe_ffn as qwen3moe calls it: softmax over all the router's
+logits, the top k kept and renormalized to sum 1 (expert_weights_norm), no further scale.
+"""
+from minferd.model.arch.llama import EXPERTS, ROUTER
+from minferd.model.arch.qwen3 import Qwen3Model
+
+
+class Qwen3MoeModel(Qwen3Model):
+    backends = ("cpu",)  # the CUDA backend has no MoE kernels yet: refused at load
+
+    @classmethod
+    def layer_tensors(cls, s, p):
+        t = super().layer_tensors(s, p)
+        for dense in ("ffn_gate", "ffn_up", "ffn_down"):
+            del t[p + dense + ".weight"]
+        # Experts stacked on a third axis: expert e is rows e*R .. (e+1)*R of the 2D view, where
+        # R is the middle dimension (expert_ffn for gate and up, hidden for down).
+        t[p + "ffn_gate_inp.weight"] = ((s.hidden, s.n_expert), ROUTER)
+        t[p + "ffn_gate_exps.weight"] = ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS)
+        t[p + "ffn_up_exps.weight"] = ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS)
+        t[p + "ffn_down_exps.weight"] = ((s.expert_ffn, s.hidden, s.n_expert), EXPERTS)
+        return t
+
+    def mlp(self, p, h, residual):
+        w = self.w
+        return self.be.moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
+                           w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"],
+                           self.spec.n_expert_used, residual=residual)
