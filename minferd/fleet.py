@@ -127,13 +127,13 @@ class Fleet:
         self.host_of(name).set_keep_alive(name, seconds)
 
     def model_info(self, lm: LoadedModel) -> dict:
-        host = self.host_of(lm.name)
-        return self._on(host.device, host.model_info(lm))
+        return self._on(self.host_of(lm.name).model_info(lm))
 
-    def _on(self, device: str, m: dict) -> dict:
+    def _on(self, m: dict) -> dict:
         # One file on two devices is two weight sets: the set's id says which device's it is.
-        ws = m["weight_set"] if len(self.hosts) == 1 else f"{m['weight_set']}@{device}"
-        return {**m, "device": device, "weight_set": ws}
+        if len(self.hosts) > 1:
+            m["weight_set"] = f"{m['weight_set']}@{m['device']}"
+        return m
 
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         return self.host_of(lm.name).model_bytes(lm)
@@ -151,7 +151,7 @@ class Fleet:
     def status(self) -> dict:
         per = {d: h.status() for d, h in self.hosts.items()}
         pools = [st["pool"] for st in per.values()]
-        models = [self._on(d, m) for d, st in per.items() for m in st["models"]]
+        models = [self._on(m) for st in per.values() for m in st["models"]]
         events = [e for st in per.values() for e in st["events"]][-50:]
         return {"pool": report.pools_total(pools), "pools": pools, "models": models, "events": events}
 

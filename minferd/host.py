@@ -201,7 +201,7 @@ class Host(LoadMixin, W16Mixin):
         with self._lock:
             snap = self.ledger.snapshot()
             allocated = self.allocator.held_bytes()
-            models = [report.model_info(lm, self.traits, snap) for lm in self.models.values()]
+            models = [report.model_info(lm, self.traits, snap, self.device) for lm in self.models.values()]
             loading, unloading = list(self._loading), list(self._unloading)
         with self._events_lock:
             events = self.events[-50:]
@@ -210,7 +210,7 @@ class Host(LoadMixin, W16Mixin):
 
     def model_info(self, lm: LoadedModel) -> dict:
         with self._lock:
-            return report.model_info(lm, self.traits, self.ledger.snapshot())
+            return report.model_info(lm, self.traits, self.ledger.snapshot(), self.device)
 
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         return report.model_bytes(lm, self.ledger.snapshot())

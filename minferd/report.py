@@ -33,7 +33,7 @@ def model_bytes(lm: LoadedModel, snap: LedgerView) -> dict[str, int]:
     return {"weights": shared["weights"], "w16": shared["w16"], "kv": own["kv"], "scratch": own["scratch"]}
 
 
-def model_info(lm: LoadedModel, traits, snap: LedgerView) -> dict:
+def model_info(lm: LoadedModel, traits, snap: LedgerView, device: str = "") -> dict:
     ws, now = lm.ws, time.monotonic()
     nbytes = model_bytes(lm, snap)
     path = ws.current_path(traits, nbytes["w16"])
@@ -51,7 +51,8 @@ def model_info(lm: LoadedModel, traits, snap: LedgerView) -> dict:
             "keep_alive_left_seconds": left, "last_used_unix": time.time() - (now - lm.last_used),
             "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
             "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
-            "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id, "engine": engine_info(lm)}
+            "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id, "engine": engine_info(lm),
+            "device": device}
 
 
 def engine_info(lm: LoadedModel) -> dict:
