@@ -211,7 +211,7 @@ class ModelEngine:
     def _end(self, seq: Sequence, error: BaseException | None = None) -> None:
         if seq.admitted:
             self.requests += 1
-            self.tokens += len(seq.generated)
+            self.tokens += seq.n_generated
         seq.finish(seq.finish_reason or "error")
         self.scheduler.finish(seq)
         seq.outbox.append(("end", error, None))

@@ -53,6 +53,10 @@ class Sequence:
         return self.tokens[self.n_prompt:]
 
     @property
+    def n_generated(self) -> int:  # per token: not a copy of every token so far
+        return len(self.tokens) - self.n_prompt
+
+    @property
     def n_uncomputed(self) -> int:
         """Tokens still to be run through the model: the prompt's rest, or the one sampled last."""
         return len(self.tokens) - self.n_computed
@@ -79,7 +83,7 @@ class Sequence:
         self.outbox.append(("piece", tok, piece))
         if stopped:
             self.finish("stop")
-        elif len(self.generated) >= self.params.max_tokens:
+        elif self.n_generated >= self.params.max_tokens:
             self.finish("length")
         elif len(self.tokens) > self.ctx:  # the new token has no position left to be computed at
             self.finish("ctx")
@@ -96,7 +100,7 @@ class Sequence:
 
     def timings(self) -> dict:
         t0, t1, t2 = self.t_arrived, self.t_first or self.t_arrived, self.t_last or self.t_arrived
-        n_dec = max(len(self.generated) - 1, 0)
+        n_dec = max(self.n_generated - 1, 0)
         return {"prefill_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3,
                 "prefill_tok_s": self.n_prompt / max(t1 - t0, 1e-9),
                 "decode_tok_s": n_dec / (t2 - t1) if n_dec and t2 > t1 else 0.0,
