@@ -2,13 +2,19 @@
 2048 tokens, per weight type. The backend picks, per matmul, the fastest kernel its plan allows
 from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not guessed".
 
-    python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F]
+    python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F] [--graph]
 
 Kernels: mmvq (mat-vec, n <= 8, quantized bytes), cublas (the f16 copy: W16 plans only), tiles
 (dequantize row tiles into scratch + cuBLAS), fused_b (f16 mma, B decoded in registers), mmq
 (int8 mma). CUDA events around INNER calls in a row, median of --reps after warm-up; the input
 conversion each needs (int8 quantization, the f16 cast) is counted in it. (The committed table
 of 2026-11-29 timed one call at a time: its entries under ~100 us are launch-bound.)
+
+--graph times each kernel as a decode step runs it: INNER launches captured in one CUDA graph
+(bench/kernels.py's time_graph), rotating over enough copies of the weight that the L2 never
+holds the next one. Without it, back-to-back calls from Python: a 6-40 us kernel is then timed
+at the ~30 us Python takes to launch it and its input conversion, and a small weight stays in
+the L2. Decode batches (n <= 64) should be decided from --graph rows.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--table", default=None, help="write the gate table the backend reads")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--graph", action="store_true", help="time inside CUDA graphs over L2-defeating weight copies")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -64,6 +71,13 @@ def main(argv=None) -> int:
             ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / INNER)
         return statistics.median(ts)
 
+    from kernels import copies_for, time_graph  # bench/kernels.py
+    l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+
+    def graphed(make, ws, w16s) -> float:
+        """make(w, w16) -> a launch; INNER of them over the weight copies, in one graph."""
+        return time_graph(cp, [make(ws[i % len(ws)], w16s[i % len(ws)]) for i in range(INNER)], args.reps)
+
     rng, rows = np.random.default_rng(0), []
     print(f"{'type':5s} {'N x K':>13s} {'n':>4s} " + " ".join(f"{k:>9s}" for k in KERNELS) + "  (us)")
     for name in args.types.split(","):
@@ -72,24 +86,33 @@ def main(argv=None) -> int:
             w = cp.asarray(random_blocks(qt, N, K, rng))
             w16 = cp.empty((N, K), cp.float16)
             dequant_f16(qt, w, w16)
+            copies = copies_for(w16.nbytes, l2) if args.graph else 1
+            ws, w16s = [w] + [w.copy() for _ in range(copies - 1)], [w16] + [w16.copy() for _ in range(copies - 1)]
             for n in (int(v) for v in args.ns.split(",")):
                 x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
                 y = cp.empty((n, N), cp.float32)
-                kernels = {"cublas": lambda: gemm_f32(x.astype(cp.float16), w16, y),
-                           "tiles": lambda: gemm_tiles(qt, w, x.astype(cp.float16), y, DEQUANT_ROWS)}
+                makers = {"cublas": lambda w, w16: lambda: gemm_f32(x.astype(cp.float16), w16, y),
+                          "tiles": lambda w, w16: lambda: gemm_tiles(qt, w, x.astype(cp.float16), y, DEQUANT_ROWS)}
                 if n <= MAX_COLS:
-                    kernels["mmvq"] = lambda: mmvq(qt, w, x, y)
+                    makers["mmvq"] = lambda w, w16: lambda: mmvq(qt, w, x, y)
                 if name in FUSED_B_TYPES:
-                    kernels["fused_b"] = lambda: fused_b(qt, w, x.astype(cp.float16), y)
+                    makers["fused_b"] = lambda w, w16: lambda: fused_b(qt, w, x.astype(cp.float16), y)
                 if name in MMQ_TYPES:
-                    kernels["mmq"] = lambda: mmq(qt, w, x, y)
-                us = {k: round(timed(f), 2) for k, f in kernels.items()}
+                    makers["mmq"] = lambda w, w16: lambda: mmq(qt, w, x, y)
+                us = {}
+                for k, make in makers.items():
+                    try:
+                        us[k] = round(graphed(make, ws, w16s) * 1e6 if args.graph else timed(make(w, w16)), 2)
+                    except Exception as e:  # noqa: BLE001 - a kernel that cannot be captured: say so, go on
+                        print(f"  {k} at n={n}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 rows.append({"type": name, "N": N, "K": K, "n": n, "us": us})
                 print(f"{name:5s} {N:6d} x {K:<5d} {n:4d} " + " ".join(f"{us.get(k, float('nan')):9.1f}" for k in KERNELS),
                       flush=True)
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     head = json.dumps({"device": gpu, "made_by": f"python bench/crossover.py --table {args.table}",
-                       "unit": f"microseconds a call, median of {args.reps} x {INNER} calls"}, indent=1)[:-2]
+                       "unit": f"microseconds a call, median of {args.reps} x {INNER} calls"
+                               + (" in a CUDA graph, weights rotating past the L2" if args.graph else "")},
+                      indent=1)[:-2]
     text = head + ',\n "rows": [\n' + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]\n}\n"
     for path in (args.table, args.json):
         if path:

@@ -76,14 +76,19 @@ if [ "$stage" = verify ]; then
     2>&1 | tee "$OUT/llama-bench.log" | tail -8
 fi
 if [ "$stage" = batch ]; then
+  # At most 8 files come back: logs only, and one JSON.
   timeout -s INT ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
     ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
   q7b
   for p in ${PATHS:-w16 mmq}; do
     python3 bench/profile_ops.py /tmp/q7b.gguf --path $p --batch ${BATCHES:-1,4,16,64} --top 14 \
-      --json "$OUT/profile-batch-$p.json" 2>&1 | tee -a "$OUT/profile.log" | grep '^#'
+      2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   done
-  python3 bench/crossover.py --types Q4_K,Q6_K --ns 1,2,4,8,16,32,64 --reps 10 --json "$OUT/crossover.json" \
+  # The quantized plan with every batch past 8 on the kernel that reads the quantized bytes once.
+  echo "# MINFERD_PREFILL_KERNEL=fused_b" >> "$OUT/profile.log"
+  MINFERD_PREFILL_KERNEL=fused_b python3 bench/profile_ops.py /tmp/q7b.gguf --path mmq --batch 16,64 --top 14 \
+    2>&1 | tee -a "$OUT/profile.log" | grep '^#'
+  python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns 1,2,4,8,16,32,64 --reps 10 --json "$OUT/crossover.json" \
     2>&1 | tee "$OUT/crossover.log" | tail -3
 fi
 if [ "$stage" = serve ]; then
