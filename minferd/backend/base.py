@@ -178,8 +178,10 @@ class Backend(ABC):
         """RMS-normalise over the last axis, times weight (broadcast over leading axes)."""
 
     @abstractmethod
-    def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None):
-        """Rotate x (n, heads, head_dim) in place or not; returns the rotated array."""
+    def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None,
+             yarn=None):
+        """Rotate x (n, heads, head_dim) in place or not; returns the rotated array. yarn: the
+        spec's Yarn, which blends `scale` in by frequency (only the CPU backend has it so far)."""
 
     @abstractmethod
     def kv_write(self, cache: KVCache, layer: int, batch, k, v) -> None:
@@ -200,10 +202,11 @@ class Backend(ABC):
         return q
 
     @abstractmethod
-    def attention(self, q, cache: KVCache, layer: int, batch, window: int, scale: float):
+    def attention(self, q, cache: KVCache, layer: int, batch, window: int, scale: float, sinks: Weight | None = None):
         """Causal GQA attention of q (n, Hq, D), each sequence of the batch over its own keys in
         this layer's cache, keys `window` or more positions back masked (0 = no window);
-        returns (n, Hq * D)."""
+        returns (n, Hq * D). sinks (Hq,): a logit per head that joins each softmax's denominator
+        and adds no value (gpt-oss; only the CPU backend has it so far)."""
 
     @abstractmethod
     def swiglu(self, gate, up): ...
@@ -213,9 +216,18 @@ class Backend(ABC):
         """gelu_tanh(gate) * up (Gemma's GeGLU)."""
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-            residual=None):
+            residual=None, router_bias: Weight | None = None, exps_bias: tuple | None = None,
+            oai_glu: tuple[float, float] | None = None):
         """A mixture-of-experts SwiGLU MLP on x (n, hidden), plus the residual: each token's top-k
-        experts by softmax(x @ router), their weights renormalized to sum 1, and the sum of those
-        experts' down(silu(gate x) * up x), weighted. The *_exps weights stack the experts on
-        their third axis. (Only the CPU backend has it so far; MoE models are refused elsewhere.)"""
+        experts by softmax(x @ router + router_bias), their weights renormalized to sum 1 (the
+        softmax of the k logits alone), and the sum of those experts' down(silu(gate x) * up x),
+        weighted. The *_exps weights stack the experts on their third axis. gpt-oss adds
+        exps_bias, (gate, up, down) biases of shape (rows, n_expert), and in place of SwiGLU
+        swiglu_oai with oai_glu = (alpha, limit). (Only the CPU backend has it so far; MoE models
+        are refused elsewhere.)"""
         raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts op")
+
+    def swiglu_oai(self, gate, up, alpha: float, limit: float):
+        """gpt-oss's clamped SwiGLU (ggml_swiglu_oai): g = min(gate, limit), u = clamp(up, ±limit),
+        g * sigmoid(alpha g) * (u + 1)."""
+        raise NotImplementedError(f"the {self.name} backend has no swiglu_oai op")

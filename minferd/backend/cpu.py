@@ -152,10 +152,10 @@ class CpuBackend(Backend):
         return y
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-            residual=None):
+            residual=None, router_bias=None, exps_bias=None, oai_glu=None):
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
-        logits = self.matmul(x, router)  # (n, n_expert)
+        logits = self.matmul(x, router, router_bias)  # (n, n_expert)
         top = np.argpartition(-logits, k - 1, axis=1)[:, :k]  # each token's k experts, unordered
         # Softmax over all experts then renormalizing the top k is the softmax of the top k alone:
         # the denominator over all experts cancels.
@@ -178,7 +178,14 @@ class CpuBackend(Backend):
             xe = x[mine // k]
             g = self._product(xe, gate_exps, e * f, (e + 1) * f, pooled=False)
             u = self._product(xe, up_exps, e * f, (e + 1) * f, pooled=False)
-            return mine, self._product(self.swiglu(g, u), down_exps, e * d, (e + 1) * d, pooled=False)
+            if exps_bias is not None:  # (rows, n_expert) tensors: expert e's bias is their row e
+                g += self._dequant_rows(exps_bias[0], e, e + 1)
+                u += self._dequant_rows(exps_bias[1], e, e + 1)
+            h = self.swiglu(g, u) if oai_glu is None else self.swiglu_oai(g, u, *oai_glu)
+            y = self._product(h, down_exps, e * d, (e + 1) * d, pooled=False)
+            if exps_bias is not None:
+                y += self._dequant_rows(exps_bias[2], e, e + 1)
+            return mine, y
 
         for mine, y in self._pool.map(expert, np.flatnonzero(np.diff(bounds))):
             out[mine // k] += weights[mine][:, None] * y
@@ -195,14 +202,21 @@ class CpuBackend(Backend):
         ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
         return (x / np.sqrt(ms + np.float32(eps))) * weight.data
 
-    def rope(self, x, positions, base, scale, neox, freq_factors=None):
+    def rope(self, x, positions, base, scale, neox, freq_factors=None, yarn=None):
         n, h, d = x.shape
         inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
         if freq_factors is not None:
             inv = inv / np.asarray(freq_factors, np.float64)
+        mscale = 1.0
+        if yarn is not None:
+            # Per pair: the share of the unscaled angle, 1 for the fast pairs down to 0 for the slow.
+            low, high = yarn.corr_dims(d, base)
+            keep = 1 - np.clip((np.arange(d // 2) - low) / max(0.001, high - low), 0, 1)
+            inv = inv * (scale + (1 - scale) * keep)
+            scale, mscale = 1.0, 1 + 0.1 * math.log(1 / scale)
         ang = (np.asarray(positions, np.float64)[:, None] * scale) * inv[None, :]  # (n, d/2)
-        cos = np.cos(ang).astype(np.float32)[:, None, :]
-        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        cos = (np.cos(ang) * mscale).astype(np.float32)[:, None, :]
+        sin = (np.sin(ang) * mscale).astype(np.float32)[:, None, :]
         if neox:
             a, b = x[..., : d // 2], x[..., d // 2:]
         else:
@@ -219,16 +233,16 @@ class CpuBackend(Backend):
         cache.k[layer][batch.slots] = k
         cache.v[layer][batch.slots] = v
 
-    def attention(self, q, cache: KVCache, layer, batch, window, scale):
+    def attention(self, q, cache: KVCache, layer, batch, window, scale, sinks=None):
         out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
         for b in range(batch.n_seqs):
             r0, r1 = batch.q_starts[b], batch.q_starts[b + 1]
             out[r0:r1] = self._attend(q[r0:r1], cache, layer, batch.key_slots(b), batch.positions[r0:r1],
-                                      window, scale)
+                                      window, scale, sinks)
         return out
 
     @staticmethod
-    def _attend(q, cache: KVCache, layer, slots, positions, window, scale):
+    def _attend(q, cache: KVCache, layer, slots, positions, window, scale, sinks=None):
         """One sequence's queries over its keys at positions 0 .. len(slots) - 1."""
         n, hq, d = q.shape
         k, v = cache.k[layer][slots], cache.v[layer][slots]
@@ -243,14 +257,26 @@ class CpuBackend(Backend):
         for g in range(hkv):
             qg = q[:, g * group:(g + 1) * group, :].transpose(1, 0, 2)  # (group, n, d)
             s = np.matmul(qg, k[:, g, :].T) * np.float32(scale) + bias  # (group, n, n_keys)
-            s -= s.max(axis=-1, keepdims=True)
+            top = s.max(axis=-1, keepdims=True)
+            if sinks is not None:  # a sink is one more logit in the row, unscaled, with no value
+                sink = sinks.data[g * group:(g + 1) * group, None, None]
+                top = np.maximum(top, sink)
+            s -= top
             np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
+            total = s.sum(axis=-1, keepdims=True)
+            if sinks is not None:
+                total += np.exp(sink - top)
+            s /= total
             out[:, g * group:(g + 1) * group, :] = np.matmul(s, v[:, g, :]).transpose(1, 0, 2)
         return out.reshape(n, hq * d)
 
     def swiglu(self, gate, up):
         return gate / (np.float32(1) + np.exp(-gate)) * up
+
+    def swiglu_oai(self, gate, up, alpha, limit):
+        g = np.minimum(gate, np.float32(limit))
+        u = np.clip(up, np.float32(-limit), np.float32(limit))
+        return g / (np.float32(1) + np.exp(np.float32(-alpha) * g)) * (u + np.float32(1))
 
     def gelu_gate(self, gate, up):
         c = np.float32(math.sqrt(2.0 / math.pi))

@@ -6,17 +6,41 @@ from dataclasses import dataclass
 
 from minferd.errors import ModelFileError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss")
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX the two halves.
-ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen3moe": "neox"}
+ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen3moe": "neox",
+             "gpt-oss": "neox"}
 # Gemma 3: five sliding-window layers, then one global layer; local layers use base 10k.
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Sliding-window layers, then a full one, in periods of this many layers (the file may say otherwise).
+SWA_PERIOD = {"gemma3": GEMMA3_SWA_PERIOD, "gpt-oss": 2}
 # Limits past which a header is absurd rather than big (they keep estimates finite).
 MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_CTX = 1024, 1 << 17, 1024, 1 << 24
 MAX_FFN = 1 << 20
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
-MOE_ARCHITECTURES = ("qwen3moe",)
+MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
+# YaRN rope scaling: only where the forward pass passes it to rope (the CUDA rope lacks it so far).
+YARN_ARCHITECTURES = ("gpt-oss",)
+
+
+@dataclass(frozen=True, slots=True)
+class Yarn:
+    """YaRN rope scaling as llama.cpp applies it (ggml's rope_yarn). Each rotary pair's angle blends
+    the position-scaled one (interpolated, ModelSpec.rope_scale) into the unscaled one (extrapolated)
+    along a ramp over the pair index, from full extrapolation below corr_dims()[0] to full
+    interpolation past corr_dims()[1]; cos and sin are multiplied by 1 + 0.1 ln(1 / rope_scale)."""
+
+    orig_ctx: int  # the context the model was trained at before the stretch
+    # The ramp runs from the pair that turns beta_fast times over orig_ctx positions to the one that
+    # turns beta_slow times (llama.cpp's defaults; a file may set them).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def corr_dims(self, n_dims: int, base: float) -> tuple[float, float]:
+        def dim(rotations):  # the pair index that turns `rotations` times over orig_ctx positions
+            return n_dims * math.log(self.orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return max(0.0, math.floor(dim(self.beta_fast))), min(n_dims - 1.0, math.ceil(dim(self.beta_slow)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +69,7 @@ class ModelSpec:
     n_expert: int = 0  # MoE: experts per layer (0 = a dense MLP)
     n_expert_used: int = 0  # experts each token is routed to
     expert_ffn: int = 0  # one expert's hidden width
+    yarn: Yarn | None = None  # YaRN rope scaling (rope_scale is then its interpolation)
 
     @property
     def q_dim(self) -> int:
@@ -99,32 +124,44 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
     rope_dims = _get(md, path, a + "rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise ModelFileError(path, f"partial rope ({rope_dims} of {head_dim} dims) is not supported")
-    scale = 1.0
-    if md.get(a + "rope.scaling.type") == "linear":
+    scale, yarn, scaling = 1.0, None, md.get(a + "rope.scaling.type")
+    if scaling == "linear" or (scaling == "yarn" and arch in YARN_ARCHITECTURES):
         factor = _get(md, path, a + "rope.scaling.factor", 1.0, float)
         if not (factor > 0 and math.isfinite(factor)):  # a factor of 0 was a ZeroDivisionError
             raise ModelFileError(path, f"rope.scaling.factor {factor} must be positive")
         scale = 1.0 / factor
-    elif md.get(a + "rope.scaling.type") not in (None, "none"):
-        raise ModelFileError(path, f"rope scaling {md[a + 'rope.scaling.type']!r} is not supported")
+        if scaling == "yarn":
+            yarn = _yarn(md, path, a, factor, ctx, rope_base)
+    elif scaling not in (None, "none"):
+        raise ModelFileError(path, f"rope scaling {scaling!r} is not supported for {arch}")
 
     window = 0
     swa = (False,) * n_layers
-    if arch == "gemma3":
+    if arch in SWA_PERIOD:
         # Range-checked: a pattern of 0 was a ZeroDivisionError, a negative window a bad cache.
-        window = _check_range(path, a + "attention.sliding_window",
-                              _get(md, path, a + "attention.sliding_window", 0), 0, MAX_CTX)
+        # gpt-oss must say its window (llama.cpp requires the key); Gemma's 0 means none.
+        gpt_oss = arch == "gpt-oss"
+        window = _check_range(path, a + "attention.sliding_window", _get(
+            md, path, a + "attention.sliding_window", None if gpt_oss else 0), int(gpt_oss), MAX_CTX)
         if window:
             period = _check_range(path, a + "attention.sliding_window_pattern", _get(
-                md, path, a + "attention.sliding_window_pattern", GEMMA3_SWA_PERIOD), 1, MAX_LAYERS)
+                md, path, a + "attention.sliding_window_pattern", SWA_PERIOD[arch]), 1, MAX_LAYERS)
             swa = tuple((i + 1) % period != 0 for i in range(n_layers))
+    rope_base_swa = rope_base
+    if arch == "gemma3":
+        rope_base_swa = GEMMA3_LOCAL_ROPE_BASE
+    elif arch == "gpt-oss":  # llama.cpp reads it for gpt-oss (the real files do not set it)
+        rope_base_swa = _positive(md, path, a + "rope.freq_base_swa", rope_base)
     n_expert = n_used = expert_ffn = 0
     if arch in MOE_ARCHITECTURES:
-        n_expert = _check_range(path, a + "expert_count", _get(md, path, a + "expert_count"), 1, MAX_EXPERTS)
+        # At least 2: one expert is a dense layer (and its 1-row router would be taken for a vector).
+        n_expert = _check_range(path, a + "expert_count", _get(md, path, a + "expert_count"), 2, MAX_EXPERTS)
         n_used = _check_range(path, a + "expert_used_count", _get(md, path, a + "expert_used_count"), 1, n_expert)
-        # llama.cpp's default when a file does not say: the dense width split over the used experts.
+        # llama.cpp's default when a qwen3moe file does not say: the dense width split over the
+        # used experts (gpt-oss must say it).
+        default = None if arch == "gpt-oss" else max(1, ffn // n_used)
         expert_ffn = _check_range(path, a + "expert_feed_forward_length", _get(
-            md, path, a + "expert_feed_forward_length", max(1, ffn // n_used)), 1, MAX_FFN)
+            md, path, a + "expert_feed_forward_length", default), 1, MAX_FFN)
     # Through _get: a string vocab_size was a ValueError from int() below, not a ModelFileError.
     if md.get(a + "vocab_size") is not None:
         n_vocab = _check_range(path, a + "vocab_size", _get(md, path, a + "vocab_size"), 1, 1 << 31)
@@ -134,12 +171,33 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
     return ModelSpec(
         arch=arch, n_vocab=int(n_vocab), hidden=hidden, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=n_kv, head_dim=head_dim, ffn=ffn, ctx_train=ctx, norm_eps=eps,
-        rope_type=ROPE_TYPE[arch], rope_base=rope_base,
-        rope_base_swa=GEMMA3_LOCAL_ROPE_BASE if arch == "gemma3" else rope_base,
+        rope_type=ROPE_TYPE[arch], rope_base=rope_base, rope_base_swa=rope_base_swa,
         rope_scale=scale, sliding_window=window, swa_layers=swa,
         tied_embeddings="output.weight" not in tensor_names,
-        qkv_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
+        qkv_bias=arch in ("qwen2", "gpt-oss"), qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         embed_scale=math.sqrt(hidden) if arch == "gemma3" else 1.0,
         attn_scale=1.0 / math.sqrt(head_dim),
-        n_expert=n_expert, n_expert_used=n_used, expert_ffn=expert_ffn,
+        n_expert=n_expert, n_expert_used=n_used, expert_ffn=expert_ffn, yarn=yarn,
     )
+
+
+def _positive(md: dict, path, key: str, default: float) -> float:
+    v = _get(md, path, key, default, float)
+    if not (v > 0 and math.isfinite(v)):
+        raise ModelFileError(path, f"metadata {key} = {v} must be positive and finite")
+    return v
+
+
+def _yarn(md: dict, path, a: str, factor: float, ctx: int, rope_base: float) -> Yarn:
+    if factor < 1:  # YaRN stretches the context; llama.cpp's magnitude correction assumes it
+        raise ModelFileError(path, f"rope.scaling.factor {factor} is below 1, which YaRN does not shrink")
+    if rope_base <= 1:  # the ramp divides by ln(base)
+        raise ModelFileError(path, f"rope.freq_base {rope_base} must be above 1 for YaRN")
+    # llama.cpp honours these when a file sets them; nothing here models them, so refuse, not differ.
+    for key, neutral in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_log_multiplier", 0.0)):
+        if md.get(a + key) is not None and _get(md, path, a + key, kind=float) != neutral:
+            raise ModelFileError(path, f"metadata {a + key} = {md[a + key]} is not supported")
+    orig = _check_range(path, a + "rope.scaling.original_context_length",
+                        _get(md, path, a + "rope.scaling.original_context_length", ctx), 1, MAX_CTX)
+    return Yarn(orig, _positive(md, path, a + "rope.scaling.yarn_beta_fast", 32.0),
+                _positive(md, path, a + "rope.scaling.yarn_beta_slow", 1.0))

@@ -18,7 +18,7 @@ from minferd.kernels.quant import QK_K, TYPES, QuantType, row_bytes
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
 from minferd.model.arch import MODELS
-from minferd.model.arch.llama import EMBED, ROUTER, VECTOR
+from minferd.model.arch.llama import EMBED, EXPERTS, ROUTER, VECTOR
 from minferd.model.spec import GEMMA3_SWA_PERIOD, spec_from_metadata
 from minferd.model.synth_vocab import add_metadata, synth_vocab
 
@@ -40,6 +40,8 @@ class Preset:
     experts: int = 0  # MoE: experts per layer, each token's share of them, one expert's width
     experts_used: int = 0
     expert_ffn: int = 0
+    experts_type: str = ""  # the experts' type whatever the quant asked ("": the quant's)
+    yarn: tuple = ()  # YaRN rope scaling: (factor, original context)
 
 
 _TINY = Preset(vocab=1024, hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=2048)
@@ -50,6 +52,11 @@ PRESETS: dict[tuple[str, str], Preset] = {
     # Six layers so that the tiny Gemma has five sliding-window layers and one global one.
     ("gemma3", "tiny"): replace(_TINY, layers=GEMMA3_SWA_PERIOD, kv_heads=1, window=16),
     ("qwen3moe", "tiny"): replace(_TINY, tied=False, experts=8, experts_used=2, expert_ffn=128),
+    # Two layers: a sliding-window one, then a full one. q_dim (256) differs from hidden, as in the real ones.
+    # Four experts a token (as the real ones): a near-tied route then moves a token's output less.
+    ("gpt-oss", "tiny"): replace(_TINY, hidden=192, layers=2, ffn=128, rope_base=150000.0, eps=1e-5, tied=False,
+                                 window=16, experts=8, experts_used=4, expert_ffn=128, experts_type="MXFP4",
+                                 yarn=(8.0, 256)),
     ("qwen2", "0.5b"): Preset(151936, 896, 24, 14, 2, 64, 4864, 32768),
     ("qwen2", "7b"): Preset(152064, 3584, 28, 28, 4, 128, 18944, 32768, tied=False),
     ("llama", "8b"): Preset(128256, 4096, 32, 32, 8, 128, 14336, 131072, rope_base=500000.0, eps=1e-5, tied=False),
@@ -58,8 +65,13 @@ PRESETS: dict[tuple[str, str], Preset] = {
     # Qwen3-30B-A3B's config.json: 128 experts, 8 per token, moe_intermediate_size 768.
     ("qwen3moe", "30b-a3b"): Preset(151936, 2048, 48, 32, 4, 128, 6144, 40960, tied=False,
                                     experts=128, experts_used=8, expert_ffn=768),
+    # gpt-oss-20b's config.json; its experts ship as MXFP4 (so do the GGUFs made from it).
+    ("gpt-oss", "20b"): Preset(201088, 2880, 24, 64, 8, 64, 2880, 131072, rope_base=150000.0, eps=1e-5,
+                               tied=False, window=128, experts=32, experts_used=4, expert_ffn=2880,
+                               experts_type="MXFP4", yarn=(32.0, 4096)),
 }
-VOCAB_KIND = {"llama": "gpt2", "qwen2": "gpt2", "qwen3": "gpt2", "gemma3": "llama", "qwen3moe": "gpt2"}
+VOCAB_KIND = {"llama": "gpt2", "qwen2": "gpt2", "qwen3": "gpt2", "gemma3": "llama", "qwen3moe": "gpt2",
+              "gpt-oss": "gpt2"}
 # llama.cpp's fallbacks when a row is not a whole number of 256-element super-blocks
 # (llama-quant.cpp; since IQ4_NL exists it gives Q2_K/Q3_K IQ4_NL too, Q4_0 here keeps those
 # files loadable on the CUDA backend, which has no IQ4_NL kernels).
@@ -103,10 +115,15 @@ def _metadata(arch: str, p: Preset, name: str) -> dict:
     if p.experts:
         md.update({a + "expert_count": p.experts, a + "expert_used_count": p.experts_used,
                    a + "expert_feed_forward_length": p.expert_ffn})
+    if p.yarn:
+        md.update({a + "rope.scaling.type": "yarn", a + "rope.scaling.factor": p.yarn[0],
+                   a + "rope.scaling.original_context_length": p.yarn[1]})
     return md
 
 
 def _vector(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("attn_sinks.weight"):  # logits of the scores' size: some heads sink much
+        return rng.standard_normal(n).astype(np.float32)
     if name.endswith(".bias"):
         return (rng.standard_normal(n) * 0.1).astype(np.float32)
     return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)  # norm weights near 1
@@ -158,7 +175,8 @@ def write_model(out: str | os.PathLike, arch: str, preset: str = "tiny", quant: 
     plan = []
     for name, (shape, role) in layout.items():
         row_elems, rows = shape[0], int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        qt = tensor_type(name, role, quant, p.layers, row_elems, p.tied)
+        qt = TYPES[p.experts_type] if role == EXPERTS and p.experts_type else tensor_type(
+            name, role, quant, p.layers, row_elems, p.tied)
         nbytes = rows * row_bytes(qt, row_elems)
         # The writer takes NumPy order, its last axis in bytes: a 3D tensor (stacked experts) stays 3D.
         byte_shape = (*reversed(shape[1:]), nbytes // rows) if len(shape) > 1 else (nbytes,)

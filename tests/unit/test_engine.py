@@ -52,7 +52,7 @@ def all_at_once(h, name, ps, params=GREEDY):
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "llama", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "llama", "qwen3moe", "gpt-oss"])
 def test_batched_sequences_give_their_solo_tokens(synth_model, arch):
     h = make_host()
     lm = h.load("m", synth_model(arch), LoadOptions(ctx=256, parallel=8))

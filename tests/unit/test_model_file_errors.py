@@ -143,6 +143,7 @@ def test_moe_file_opens(moe):
     ("qwen3moe.expert_used_count", 9, ("expert_used_count = 9", "[1, 8]")),
     ("qwen3moe.expert_used_count", 0, ("expert_used_count = 0",)),
     ("qwen3moe.expert_count", 1 << 20, ("expert_count",)),
+    ("qwen3moe.expert_count", 1, ("expert_count",)),
     ("qwen3moe.expert_count", DROP, ("expert_count", "missing")),
     ("qwen3moe.expert_feed_forward_length", 0, ("expert_feed_forward_length",)),
 ])
@@ -164,3 +165,41 @@ def test_wrong_expert_shape(moe, tmp_path, shape):
     raw = np.zeros(256 // 32 * 34 * int(np.prod(shape[1:])), np.uint8)
     rewrite(moe, p, tensors={"blk.0.ffn_up_exps.weight": {"shape": shape, "data": raw}})
     refused(p, "blk.0.ffn_up_exps.weight", f"shape {list(shape)}", "expected [256, 128, 8]")
+
+
+@pytest.fixture(scope="module")
+def oss(synth_model):
+    return synth_model("gpt-oss", "q8_0")
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("gpt-oss.attention.sliding_window", DROP, ("sliding_window", "missing")),  # llama.cpp requires it
+    ("gpt-oss.attention.sliding_window", 0, ("sliding_window = 0",)),
+    ("gpt-oss.attention.sliding_window_pattern", 0, ("sliding_window_pattern = 0",)),
+    ("gpt-oss.expert_feed_forward_length", DROP, ("expert_feed_forward_length", "missing")),
+    ("gpt-oss.expert_used_count", 9, ("expert_used_count = 9", "[1, 8]")),
+    ("gpt-oss.rope.scaling.factor", 0.5, ("rope.scaling.factor 0.5", "below 1")),
+    ("gpt-oss.rope.freq_base", 1.0, ("rope.freq_base 1.0", "YaRN")),
+    ("gpt-oss.rope.scaling.original_context_length", 0, ("original_context_length = 0",)),
+    ("gpt-oss.rope.scaling.yarn_beta_fast", -1.0, ("yarn_beta_fast = -1.0",)),
+    ("gpt-oss.rope.scaling.attn_factor", 2.0, ("rope.scaling.attn_factor = 2.0", "not supported")),
+    ("gpt-oss.rope.scaling.type", "longrope", ("rope scaling 'longrope'", "not supported")),
+])
+def test_bad_gpt_oss_metadata(oss, tmp_path, key, value, words):
+    p = tmp_path / "bad.gguf"
+    rewrite(oss, p, metadata={key: value})
+    refused(p, *words)
+
+
+@pytest.mark.parametrize("name", ["output.weight", "blk.1.attn_sinks.weight", "blk.0.post_attention_norm.weight",
+                                  "blk.0.attn_output.bias", "blk.0.ffn_gate_inp.bias", "blk.1.ffn_down_exps.bias"])
+def test_missing_gpt_oss_tensor(oss, tmp_path, name):
+    p = tmp_path / "bad.gguf"
+    rewrite(oss, p, tensors={name: DROP})
+    refused(p, name, "missing")
+
+
+def test_wrong_expert_bias_shape(oss, tmp_path):
+    p = tmp_path / "bad.gguf"
+    rewrite(oss, p, tensors={"blk.0.ffn_up_exps.bias": {"shape": (128, 4), "data": np.zeros(128 * 4 * 4, np.uint8)}})
+    refused(p, "blk.0.ffn_up_exps.bias", "shape [128, 4]", "expected [128, 8]")

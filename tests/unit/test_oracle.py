@@ -6,6 +6,7 @@ import pytest
 from minferd.model.generate import generate, prefill
 from minferd.model.loader import load_local
 from minferd.model.sampler import SamplingParams
+from minferd.model.synth import write_model
 from tests.conftest import ARCHS, CPU_ONLY_ARCHS, CPU_ONLY_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -75,7 +76,7 @@ def our_logits_and_route_gaps(lm, ids):
     moe = be.moe
 
     def watched(x, router, *rest, **kw):
-        top = np.sort(be.to_host(be.matmul(x, router)), axis=1)[:, -k - 1:]
+        top = np.sort(be.to_host(be.matmul(x, router, kw.get("router_bias"))), axis=1)[:, -k - 1:]
         gaps.append(top[:, 1] - top[:, 0])
         return moe(x, router, *rest, **kw)
 
@@ -118,6 +119,19 @@ def test_tiny_moe_greedy_continuation(synth_model, arch):
         top2 = np.sort(llama_logits(ref, ids + cont)[len(ids) + n - 1])[-2:]
         assert top2[1] - top2[0] < NEAR_TIE, (n, res.token_ids, cont)
     assert n >= 12, (res.token_ids, cont)
+
+
+def test_gpt_oss_in_f32_matches_llama_cpp_closely(tmp_path):
+    """gpt-oss with every tensor in f32, its experts too (not the MXFP4 of real files): llama.cpp
+    then rounds little but its f16 KV cache, so YaRN, the sinks, the window, the biased routing and
+    swiglu_oai must all be as its own for every position's logits to be this close."""
+    path = tmp_path / "gpt-oss-f32.gguf"
+    write_model(path, "gpt-oss", "tiny", "f32", seed=1, overrides={"experts_type": ""})
+    ids = np.random.default_rng(7).integers(260, 1000, 64)
+    ref, ours = llama_logits(llama(path), ids), our_logits(load_local(path, threads=2), ids)
+    rel = np.linalg.norm(ours - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    print(f"gpt-oss f32: relative distance median {np.median(rel):.5f}, max {rel.max():.5f}")
+    assert rel.max() < 3e-3 and (ref.argmax(1) == ours.argmax(1)).all(), rel.max()
 
 
 @pytest.fixture(scope="module")

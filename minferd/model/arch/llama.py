@@ -100,8 +100,9 @@ class LlamaModel:
             return np.concatenate([be.to_host(be.matmul(x[r:r + LOGITS_ROWS], self.output))
                                    for r in range(0, x.shape[0], LOGITS_ROWS)])
 
-    def attention(self, i: int, x, batch: Batch, cache: KVCache):
-        """Project, rope, cache and attend; returns the attention output before attn_output."""
+    def qkv(self, i: int, x):
+        """Layer i's q (n, Hq, D), k and v (n, Hkv, D): projected, biased where the file has biases,
+        q and k normed where the architecture norms them."""
         s, be, p = self.spec, self.be, f"blk.{i}."
         n = x.shape[0]
         names = [p + "attn_q", p + "attn_k", p + "attn_v"]
@@ -112,6 +113,12 @@ class LlamaModel:
         if s.qk_norm:
             q = be.rmsnorm(q, self.w[p + "attn_q_norm.weight"], s.norm_eps)
             k = be.rmsnorm(k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
+        return q, k, v
+
+    def attention(self, i: int, x, batch: Batch, cache: KVCache):
+        """Project, rope, cache and attend; returns the attention output before attn_output."""
+        s, be = self.spec, self.be
+        q, k, v = self.qkv(i, x)
         swa = s.swa_layers[i]
         base = s.rope_base_swa if swa else s.rope_base
         scale = 1.0 if swa else s.rope_scale

@@ -16,16 +16,20 @@ class Qwen3MoeModel(Qwen3Model):
         t = super().layer_tensors(s, p)
         for dense in ("ffn_gate", "ffn_up", "ffn_down"):
             del t[p + dense + ".weight"]
-        # Experts stacked on a third axis: expert e is rows e*R .. (e+1)*R of the 2D view, where
-        # R is the middle dimension (expert_ffn for gate and up, hidden for down).
-        t[p + "ffn_gate_inp.weight"] = ((s.hidden, s.n_expert), ROUTER)
-        t[p + "ffn_gate_exps.weight"] = ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS)
-        t[p + "ffn_up_exps.weight"] = ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS)
-        t[p + "ffn_down_exps.weight"] = ((s.expert_ffn, s.hidden, s.n_expert), EXPERTS)
-        return t
+        return t | expert_tensors(s, p)
 
     def mlp(self, p, h, residual):
         w = self.w
         return self.be.moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
                            w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"],
                            self.spec.n_expert_used, residual=residual)
+
+
+def expert_tensors(s, p: str) -> dict:
+    """The router and the stacked experts of layer `p` (gpt-oss's too)."""
+    # Experts stacked on a third axis: expert e is rows e*R .. (e+1)*R of the 2D view, where R is
+    # the middle dimension (expert_ffn for gate and up, hidden for down).
+    return {p + "ffn_gate_inp.weight": ((s.hidden, s.n_expert), ROUTER),
+            p + "ffn_gate_exps.weight": ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS),
+            p + "ffn_up_exps.weight": ((s.hidden, s.expert_ffn, s.n_expert), EXPERTS),
+            p + "ffn_down_exps.weight": ((s.expert_ffn, s.hidden, s.n_expert), EXPERTS)}
