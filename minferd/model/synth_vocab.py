@@ -103,6 +103,8 @@ def _gpt2(size: int, arch: str | None) -> dict:
                    "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"],
                    "tokenizer.ggml.eos_token_id": ids["<|im_end|>"],
                    "tokenizer.ggml.padding_token_id": ids["<|endoftext|>"]})
+    if arch == "gpt-oss":  # real gpt-oss files (o200k_harmony) declare this pre-tokenizer
+        md["tokenizer.ggml.pre"] = "gpt-4o"
     md["tokenizer.ggml.add_eos_token"] = False
     return md
 
@@ -147,8 +149,9 @@ def synth_vocab(kind: str, size: int, arch: str | None = None) -> dict:
     """tokenizer.* metadata for a vocab of exactly `size` tokens.
 
     kind "gpt2": byte-level BPE with merges (qwen2 style; arch="llama" gives llama-3 style ids
-    and pre-tokenizer). kind "llama": SentencePiece-style pieces with scores and <0xXX> byte
-    fallback (llama-2 style; arch="gemma3" gives gemma's special ids and no space prefix).
+    and pre-tokenizer, arch="gpt-oss" the gpt-4o pre-tokenizer). kind "llama": SentencePiece-style
+    pieces with scores and <0xXX> byte fallback (llama-2 style; arch="gemma3" gives gemma's
+    special ids and no space prefix).
     """
     if kind == "gpt2":
         return _gpt2(size, arch)

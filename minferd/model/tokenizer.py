@@ -31,6 +31,13 @@ _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 _QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# o200k (gpt-oss, llama4): llama.cpp's rewrite of tiktoken's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
+# [\p{Ll}\p{Lm}\p{Lo}\p{M}]+ as "letters but not a-z" then "letters but not A-Z": a non-ASCII
+# letter counts as both cases, and combining marks (\p{M}) are not part of a word.
+_UPPER, _LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+          rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> (regexes, ignore_merges, add_bos default), as llama_vocab::load sets them
 _PRE = {"default": (_DEFAULT, False, False)}
 _PRE.update({n: ((_LLAMA3,), True, True) for n in (
@@ -40,6 +47,7 @@ _PRE.update({n: ((_QWEN2,), False, False) for n in (
 _PRE.update({n: ((_GPT2,), False, False) for n in (
     "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "mpt", "olmo", "trillion")})
 _PRE["qwen35"] = ((_QWEN35,), False, False)
+_PRE.update({n: ((_GPT4O,), False, False) for n in ("gpt-4o", "llama4", "kanana2", "talkie")})
 
 # Texts llama.cpp treats as end of generation whatever the file says (llama_vocab::load),
 # forcing them to control type. "</s>" is among them, so gemma3's HTML "</s>" ends a turn too.

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from minferd.model.synth_vocab import synth_vocab, write_vocab_gguf
+from minferd.model.synth_vocab import _bytes_to_unicode, synth_vocab, write_vocab_gguf
 from minferd.model.tokenizer import Tokenizer, read_tokenizer_metadata
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -46,6 +46,21 @@ _ALPHABET = (list("abcXYZ019  \n\t\r.,;:!?'\"()<>/\\|_-+=*&$#@~`") + list("éü�
                 "<0x41>", "▁", "Ġ"])
 FUZZ = ["".join(random.Random(i).choices(_ALPHABET, k=random.Random(-i).randint(1, 50)))
         for i in range(300)]
+# What gpt-4o's pre-tokenizer does apart from qwen2's: words split at a lower-to-upper change
+# ("HelloWorld"), contractions kept on the word whatever its case ("DON'T"), digits in threes,
+# non-ASCII letters of either case; and its "[\r\n/]*" after punctuation ("a/b//c", ".\n"), though
+# "/" is punctuation already, so that changes no split.
+_CASE_ALPHABET = ["Hello", "World", "HelloWorld", "ABCdef", "ABC", "abcDEF", "XMLHttp", "DON'T", "don't",
+                  "Don'T", "'S", "'ll", "'VE", "I'M", "'", "1", "12", "123", "4567", "1234567890", "/",
+                  "//", "a/b//c", ".", "?/", ",", "\n", "\r\n", "\n\n", " ", "  ", "\t", "É", "é", "Ω",
+                  "ω", "ǅ", "ʰ", "\u0301", "x", "Q", "_", "-", "日本", "½", "\u00a0", "<|im_end|>"]
+CASE_FUZZ = ["HelloWorld ABCdef camelCaseName XMLHttpRequest getHTTPResponse iPhone",
+             "DON'T Don't don'T I'M YOU'LL We'VE it'S ABC's",
+             "12345678 1234567890 1,234,567 3.14159 v2.0.10 2024-01-01",
+             "a/b//c ./x/ ?/ http://example.com/path//to/ ,/\n\n.\n\r\n!!\n",
+             "ÉCOLE École éCOLE ΩMEGA Ωmega naïve NAÏVE e\u0301E\u0301"]
+CASE_FUZZ += ["".join(random.Random(i).choices(_CASE_ALPHABET, k=random.Random(-i).randint(1, 30)))
+              for i in range(1000, 1150)]
 
 # name -> (vocab kind, size, arch for synth_vocab, general.architecture, tokenizer.ggml.pre override)
 SYNTH = {
@@ -53,9 +68,37 @@ SYNTH = {
     "llama3": ("gpt2", 128256, "llama", "llama", None),
     "gpt2-default-pre": ("gpt2", 4096, None, "qwen2", "default"),
     "gpt2-gpt-2-pre": ("gpt2", 4096, None, "qwen2", "gpt-2"),
+    # the gpt-oss tiny preset's vocab (pre "gpt-4o"); general.architecture qwen2, since llama.cpp
+    # wants gpt-oss's MoE hyperparameters before it reads a vocab. BOUNDARY_TOKENS, not its size,
+    # is what tells pre-tokenizers apart (201088 tokens find the same mismatches, 3 s slower).
+    "gpt-4o": ("gpt2", 1024, "gpt-oss", "qwen2", None),
     "llama2-spm": ("llama", 32000, None, "llama", None),
     "gemma3-spm": ("llama", 262144, "gemma3", "gemma3", None),
 }
+
+# Tokens across the places where a pre-tokenizer splits or not, their merges ranked first: the
+# synthetic vocab alone tokenizes "HelloWorld" the same whether or not it is split at the "W".
+# These tell gpt-4o apart from qwen2 (lower-to-upper, "DON'T", digits in threes), from \p{N}+ and
+# gpt-2 (" 1"), and llama.cpp's rewrite from tiktoken's own regex (a non-ASCII letter after a
+# lowercase one stays in the word, a combining mark does not).
+BOUNDARY_TOKENS = {"gpt-4o": ("oW", "iP", "tH", "eC", "N'", "n'", "12", "23", "34", " 1", "aÉ", "ωΩ",
+                             "e\u0301")}
+
+
+def _with_boundary_tokens(md: dict, texts) -> dict:
+    b2u = _bytes_to_unicode()
+    tokens, merges = list(md["tokenizer.ggml.tokens"]), []
+    known = set(tokens)
+    for text in texts:
+        word = "".join(b2u[b] for b in text.encode())
+        for i in range(2, len(word) + 1):
+            if word[:i] not in known:
+                known.add(word[:i])
+                tokens.append(word[:i])
+                merges.append(f"{word[:i - 1]} {word[i - 1]}")
+    types = list(md["tokenizer.ggml.token_type"]) + [1] * (len(tokens) - len(md["tokenizer.ggml.tokens"]))
+    return md | {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                 "tokenizer.ggml.merges": merges + list(md["tokenizer.ggml.merges"])}
 
 
 def _load(path) -> "llama_cpp.Llama":
@@ -75,6 +118,8 @@ def synth_pair(request, tmp_path_factory):
     md = synth_vocab(kind, size, arch) | {"general.architecture": general_arch}
     if pre:
         md["tokenizer.ggml.pre"] = pre
+    if request.param in BOUNDARY_TOKENS:
+        md = _with_boundary_tokens(md, BOUNDARY_TOKENS[request.param])
     path = tmp_path_factory.mktemp("vocab") / f"{request.param}.gguf"
     write_vocab_gguf(path, general_arch, md)
     return _load(path), Tokenizer.from_metadata(md)
@@ -135,6 +180,14 @@ def test_synth_prompts(synth_pair):
 
 def test_synth_fuzz(synth_pair):
     assert _mismatches(*synth_pair, FUZZ[:100]) == []
+
+
+def test_synth_case_digits_slashes(synth_pair):
+    assert _mismatches(*synth_pair, CASE_FUZZ) == []
+
+
+def test_gpt_oss_vocab_declares_gpt_4o():
+    assert synth_vocab("gpt2", 1024, "gpt-oss")["tokenizer.ggml.pre"] == "gpt-4o"
 
 
 def test_synth_pieces_and_eog(synth_pair):
