@@ -10,9 +10,10 @@
 //
 // Alignment: a tensor's base is at least 16-aligned (CuPy allocations are 256-aligned) and
 // block g sits at base + g * BB, so every block is aligned to gcd(BB, 16) and no more:
-//   2  Q4_0 (18 B) Q5_0 (22) Q8_0 (34) Q3_K (110) Q6_K (210) F16 BF16
+//   1  MXFP4 (17 B)
+//   2  Q4_0 (18 B) Q5_0 (22) Q8_0 (34) Q3_K (110) Q6_K (210) IQ4_NL (18) F16 BF16
 //   4  Q4_1 (20) Q2_K (84) F32
-//   8  Q5_1 (24)
+//   8  Q5_1 (24) IQ4_XS (136)
 //   16 Q4_K (144) Q5_K (176)
 // A load is only as wide as that alignment plus the field's offset allows FOR EVERY g
 // (the Q5_0 seed: a u32 load of qh at 22g + 2 is misaligned on every even g and kills the
@@ -33,6 +34,7 @@ typedef unsigned long long u64;
 enum : int {
   T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
+  T_IQ4_NL = 20, T_IQ4_XS = 23, T_MXFP4 = 39,  // decoders only so far: no kernel instantiates them
 };
 
 #ifndef MINFERD_HOST_TEST  // (a host build of these decoders checks them without a GPU)
@@ -65,6 +67,10 @@ __device__ __forceinline__ u32 spread4(u32 n) { return (n * 0x02040810u) & 0x101
 
 // Nibble / byte i (0..7) of two little-endian words.
 __device__ __forceinline__ u32 byte_of(u32 w0, u32 w1, int i) { return ((i < 4 ? w0 : w1) >> (8 * (i & 3))) & 0xFF; }
+// Entry q (0..15) of a 16-entry int8 table packed in two u64s: in registers, no memory table.
+__device__ __forceinline__ int table16(u64 lo, u64 hi, u32 q) { return (int)(i8)(((q < 8 ? lo : hi) >> (8 * (q & 7))) & 0xFF); }
+constexpr u64 KV_IQ4NL_LO = 0xf6eaddcfbfad9881ull, KV_IQ4NL_HI = 0x7159453526190d01ull;  // kvalues_iq4nl
+constexpr u64 KV_MXFP4_LO = 0x0c08060403020100ull, KV_MXFP4_HI = 0xf4f8fafcfdfeff00ull;  // e2m1, doubled
 
 // Q4_K/Q5_K 6-bit scale and min of sub-block j (ggml get_scale_min_k4); s = bytes 4..15.
 __device__ __forceinline__ void scale_min_k4(const u8* blk, int j, int& sc, int& m) {
@@ -280,5 +286,49 @@ template <> struct Blk<T_Q6_K> {
       const int q6 = (int)(((byte_of(a0, a1, i) >> sh) & 0xF) | (((byte_of(b0, b1, i) >> (2 * j)) & 3) << 4)) - 32;
       v[i] = __fmul_rn(dl, (float)q6);
     }
+  }
+};
+
+template <> struct Blk<T_IQ4_NL> {
+  // [0:2] f16 d, [2:18] nibbles as Q4_0, each an index into kvalues_iq4nl; y = d*kv[q].
+  static constexpr int QK = 32, BB = 18;
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const float d = h2f(ld16(blk));
+    const u8* q = blk + 2 + (e0 & 15);
+    const u32 w0 = ld32_a2(q), w1 = ld32_a2(q + 4);
+    const int sh = e0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, (float)table16(KV_IQ4NL_LO, KV_IQ4NL_HI, (byte_of(w0, w1, i) >> sh) & 0xF));
+  }
+};
+
+template <> struct Blk<T_IQ4_XS> {
+  // [0:2] f16 d, [2:4] u16 scales_h (2 bits per 32-sub-block), [4:8] scales_l (a nibble each),
+  // [8:136] 16 bytes per sub-block j, nibbles as IQ4_NL's. dl = d*(6-bit scale - 32); y = dl*kv[q].
+  static constexpr int QK = 256, BB = 136;
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const u32 dh = ld32_a4(blk);  // 136g: 8-aligned
+    const float d = h2f((u16)dh);
+    const int j = e0 >> 5, l0 = e0 & 31;
+    const u32 sl = (ld32_a4(blk + 4) >> (4 * j)) & 0xF, sh2 = ((dh >> 16) >> (2 * j)) & 3;
+    const float dl = __fmul_rn(d, (float)((int)(sl | (sh2 << 4)) - 32));
+    const uint2 w = ld64_a8(blk + 8 + 16 * j + (l0 & 15));  // 136g + 8 + 16j + {0, 8}: 8-aligned
+    const int sh = l0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(dl, (float)table16(KV_IQ4NL_LO, KV_IQ4NL_HI, (byte_of(w.x, w.y, i) >> sh) & 0xF));
+  }
+};
+
+template <> struct Blk<T_MXFP4> {
+  // [0] e8m0 exponent, [1:17] nibbles as Q4_0, each an e2m1 value (doubled: the scale is halved,
+  // ggml_e8m0_to_fp32_half). 17-byte blocks are only byte-aligned: byte loads.
+  static constexpr int QK = 32, BB = 17;
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const u32 e = __ldg(blk);
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    const u8* q = blk + 1 + (e0 & 15);
+    const int sh = e0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, (float)table16(KV_MXFP4_LO, KV_MXFP4_HI, ((u32)__ldg(q + i) >> sh) & 0xF));
   }
 };

@@ -88,7 +88,7 @@ extern "C" int dec(int t, const u8* w, int rows, int K, float* out) {
   misaligned = 0;
   switch (t) {
 #define C(T) case T: dec_rows<T>(w, rows, K, out); return misaligned ? 2 : 0;
-    C(0) C(1) C(30) C(2) C(3) C(6) C(7) C(8) C(10) C(11) C(12) C(13) C(14)
+    C(0) C(1) C(30) C(2) C(3) C(6) C(7) C(8) C(10) C(11) C(12) C(13) C(14) C(20) C(23) C(39)
   }
   return 1;
 }

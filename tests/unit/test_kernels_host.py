@@ -1,5 +1,6 @@
 """The CUDA decoders and mat-vec units, compiled for the host (tests/host/kernels_host.cpp):
-blocks.cuh's decoders equal gguf.quants.dequantize bit for bit for all 13 CUDA types, at odd and
+blocks.cuh's decoders equal gguf.quants.dequantize bit for bit for all 16 types (the 13 the CUDA
+kernels run, and IQ4_NL, IQ4_XS, MXFP4, whose decoders wait for their kernels), at odd and
 even block indices, with every load at its natural alignment (the shim reports a misaligned
 one, return code 2); mmvq.cu's
 per-unit integer products, fed x in xquant.cuh's format (quantize_x_ref), land within 1e-4 of
@@ -54,7 +55,8 @@ def placed(raw: np.ndarray, start_row: int, rows: int) -> np.ndarray:
     return buf[start_row * rb:(start_row + rows) * rb]
 
 
-@pytest.mark.parametrize("name", CUDA_TYPES)
+# blocks.cuh decodes the CPU-only types too (no kernel instantiates them yet): checked the same way.
+@pytest.mark.parametrize("name", CUDA_TYPES + ("IQ4_NL", "IQ4_XS", "MXFP4"))
 def test_decoders_equal_gguf_bit_for_bit(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(TYPES[name].ggml_id)
     shapes = ((3, qt.block_elems * 3), (4, 512)) if qt.is_quantized else ((3, 40), (4, 24))
@@ -87,3 +89,23 @@ def test_mmvq_units_match_f64(lib, name):
             ref = x.astype(np.float64) @ dequantize(qt, raw[start:start + rows], rows, K).astype(np.float64).T
             err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
             assert err < 1e-4, (name, rows, K, start, err)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # gguf's own inf * 0 and NaN arithmetic
+@pytest.mark.parametrize("name", ("IQ4_NL", "IQ4_XS", "MXFP4"))
+def test_new_decoders_on_every_byte_pattern(lib, name):
+    """Raw random bytes, so every e8m0 exponent (0 and 1 are MXFP4's subnormal scales) and every
+    f16 scale (subnormal, inf, NaN) occurs; NaN where gguf has NaN, else the same bits."""
+    qt = TYPES[name]
+    rows, K = 64, qt.block_elems * 4
+    raw = np.random.default_rng(qt.ggml_id).integers(0, 256, (rows + 1, row_bytes(qt, K)), dtype=np.uint8)
+    raw[0, 0] = 0  # MXFP4's exponent 0 and 1 at least once each
+    raw[1, 0] = 1
+    for start in (0, 1):
+        out = np.full((rows, K), 7.0, np.float32)
+        assert lib.dec(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(out.ctypes.data)) == 0
+        ref = gguf.quants.dequantize(raw[start:start + rows].reshape(-1), GGMLQuantizationType(qt.ggml_id))
+        ref = ref.reshape(rows, K).astype(np.float32)
+        nan = np.isnan(ref)
+        assert np.array_equal(np.isnan(out), nan), name
+        assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32)), (name, start)
