@@ -241,7 +241,7 @@ def serve(cfg: ServeConfig) -> int:
             health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         where = f"unix:{sock.path}" if sock else cfg.listen
         also = f", HTTP on http://{cfg.http}" if http else ""
-        budgets = ", ".join(f"{d}, budget {fmt_bytes(h.ledger.capacity)}" for d, h in host.hosts.items())
+        budgets = "; ".join(f"{d}, budget {fmt_bytes(h.ledger.capacity)}" for d, h in host.hosts.items())
         print(f"minferd: listening on {where}{also} ({budgets})", file=sys.stderr, flush=True)
 
         stop = threading.Event()
