@@ -18,6 +18,7 @@ from tests.e2e.test_http_api import _port
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
 TOKEN = "status-page-token-0123456789"
+SHARER = "<img/src=x/onerror=alert(1)><b>b</b>"
 
 
 def chromium(url: str, *args: str) -> str:
@@ -43,10 +44,12 @@ class Page(html.parser.HTMLParser):
     def __init__(self, text: str):
         super().__init__()
         self.segments, self.rows, self.texts, self._id, self.bars, self.updated = [], [], {}, None, [], False
+        self.tags: set[str] = set()
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        self.tags.add(tag)
         self.updated |= tag == "body" and "data-updated" in a
         if "bar" in (a.get("class") or "").split():
             self.bars.append(a["data-device"])
@@ -71,7 +74,8 @@ def daemon(tmp_path_factory, synth_model):
                "--models-dir", qwen.parent, "--models-dir", lm.parent, token=TOKEN)
     d.url = f"http://127.0.0.1:{port}/"
     try:
-        for path, name in ((qwen, "qwen"), (lm, "lm"), (qwen, "qwen-b")):
+        # A name is printable without spaces, so it may be markup: the page must show it as text.
+        for path, name in ((qwen, "qwen"), (lm, "lm"), (qwen, SHARER)):
             d.load(path, name, ctx=256)
         yield d
     finally:
@@ -84,8 +88,9 @@ def test_the_page_renders_the_live_pool(daemon, tmp_path):
     names = [m.name for m in st.models]
     assert page.rows == names
     assert {m for m, _, _, _ in page.segments} == set(names)
-    # qwen-b shares qwen's file: its weights and f16 copy are drawn once, under qwen.
-    assert {k for m, k, _, _ in page.segments if m == "qwen-b"} == {"kv", "scratch"}
+    # SHARER shares qwen's file: its weights and f16 copy are drawn once, under qwen.
+    assert {k for m, k, _, _ in page.segments if m == SHARER} == {"kv", "scratch"}
+    assert not page.tags & {"img", "b"}, page.tags  # its name stayed text
     drawn = sum(w for _, _, w, _ in page.segments)
     assert abs(drawn - 100 * st.pool.used_bytes / st.pool.capacity_bytes) < 0.01, (drawn, st.pool)
     assert "of 64.0 MiB" in page.texts["pool"] and not page.texts.get("error", "").strip()
