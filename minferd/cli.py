@@ -1,4 +1,4 @@
-"""`minferd`: the daemon (serve) and its offline tools (plan, run, score, synth).
+"""`minferd`: the daemon (serve) and its offline tools (plan, run, score, synth, warmup).
 
 Every known failure prints one line naming the file and the problem on stderr and exits 2;
 a traceback means a bug.
@@ -85,6 +85,15 @@ def cmd_run(args) -> int:
         t = res.timings
         print(f"\n[{res.prompt_tokens} prompt tokens, {len(res.token_ids)} generated ({res.finish_reason}); "
               f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_warmup(args) -> int:
+    import logging
+    from minferd.warmup import warmup
+    logging.getLogger("minferd").setLevel(logging.ERROR)  # its synthetic models' "no chat template" notes
+    seconds = warmup(args.device, say=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"warmup: done in {seconds:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -216,6 +225,10 @@ def parser() -> argparse.ArgumentParser:
     _add_prompt_args(p)
     p.add_argument("--top-k", type=int, default=5)
     p.set_defaults(fn=cmd_score)
+
+    p = sub.add_parser("warmup", help="compile the CUDA kernels into CuPy's cache (CUPY_CACHE_DIR) ahead of the first request")
+    p.add_argument("--device", default="auto", help="as serve's: auto, cpu, cuda, or a list cuda:0,cuda:2")
+    p.set_defaults(fn=cmd_warmup)
     return ap
 
 

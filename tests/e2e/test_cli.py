@@ -124,3 +124,13 @@ def test_serve_parallel_sizes_every_load_s_kv(tmp_path, synth_model):
         assert m.engine.kv_tokens == 3 * 128 and m.engine.block_size == 32
     finally:
         d.stop()
+
+
+def test_warmup_serves_a_tiny_model_through_every_plan_and_kernel():
+    """On the CPU it compiles nothing, but runs what it runs on a GPU: a host, its engine, three
+    batched requests (greedy, sampled on the device, sampled on the host) per plan and kernel."""
+    from minferd.warmup import RUNS
+    p = minferd("warmup", "--device", "cpu")
+    runs = [line for line in p.stderr.splitlines() if line.startswith("warmup: ") and line.endswith(" s")]
+    assert len(runs) == len(RUNS) + 1 and "done" in runs[-1], p.stderr
+    assert "chat template" not in p.stderr

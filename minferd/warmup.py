@@ -1,0 +1,91 @@
+"""`minferd warmup`: compile the CUDA kernels into CuPy's disk cache before anyone waits for them.
+
+A fresh machine (a new container, CI runner or DaemonSet node) compiled ~26 s of NVRTC inside
+its first prefill. Each kernels/*.cu is one module compiled whole on first use, so running every
+module once is enough: a tiny synthetic model is served the daemon's way (a host, its engine,
+batched sequences, sampling on the device) under each plan and each prefill kernel, prompts
+longer and shorter than the mat-vec batch. Where the cache lives: CUPY_CACHE_DIR (default
+~/.cupy/kernel_cache); an image bakes it by running this at build time on its target GPU.
+On the CPU there is nothing to compile; the same run checks the serving path end to end.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minferd.config import ServeConfig
+from minferd.devices import MatmulPath
+from minferd.host import Host, LoadOptions
+from minferd.model.sampler import SamplingParams
+from minferd.model.synth import write_model
+
+# (architecture, plan, prefill kernel forced): every kernel module runs at least once.
+RUNS = [("qwen2", MatmulPath.W16, None), ("qwen2", MatmulPath.MMQ, "mmq"), ("qwen2", MatmulPath.MMQ, "tiles"),
+        ("qwen2", MatmulPath.FUSED_B, "fused_b"), ("gemma3", MatmulPath.W16, None)]
+PROMPTS = (40, 5, 17)  # past and under the mat-vec batch of 8: prefill kernels, then decode ones
+SAMPLING = (SamplingParams(temperature=0, max_tokens=6),
+            SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, max_tokens=6, seed=1),
+            SamplingParams(temperature=1.0, top_k=0, max_tokens=6, seed=2))  # top_k 0: the host sampler
+
+
+def warm_host(host: Host, workdir: Path, say=print) -> None:
+    files = {}
+    for arch, plan, kernel in RUNS:
+        if arch not in files:
+            files[arch] = workdir / f"{arch}.gguf"
+            write_model(files[arch], arch, "tiny", "q4_k_m", seed=1)
+        t0 = time.perf_counter()
+        before = os.environ.get("MINFERD_PREFILL_KERNEL")
+        if kernel:  # read when a backend is made, i.e. by the load below
+            os.environ["MINFERD_PREFILL_KERNEL"] = kernel
+        try:
+            name = f"warmup-{arch}-{plan.value}-{kernel or 'gate'}"
+            host.load(name, str(files[arch]), LoadOptions(matmul_path=plan, ctx=256, kv_tokens=1024, keep_alive=-1))
+        finally:
+            if before is None:
+                os.environ.pop("MINFERD_PREFILL_KERNEL", None)
+            else:
+                os.environ["MINFERD_PREFILL_KERNEL"] = before
+        try:
+            _serve_once(host, name)
+        finally:
+            host.unload(name)
+        say(f"warmup: {arch} {plan.value} {kernel or ''} {time.perf_counter() - t0:.1f} s".replace("  ", " "))
+
+
+def _serve_once(host: Host, name: str) -> None:
+    """Three requests at once (the engine batches them), one per sampling mode."""
+    rng, errors = np.random.default_rng(0), []
+    vocab = host.get(name).model.spec.n_vocab
+
+    def one(n: int, params: SamplingParams):
+        try:
+            host.generate(name, rng.integers(0, vocab, n).tolist(), params)
+        except Exception as e:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=a) for a in zip(PROMPTS, SAMPLING)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def warmup(device: str, say=print) -> float:
+    """Warm every device of `device` (as `minferd serve --device` reads it). Returns seconds."""
+    from minferd.serve import build_fleet
+    t0 = time.perf_counter()
+    fleet = build_fleet(ServeConfig(device=device, budget="2GiB", parallel=1))
+    cache = os.environ.get("CUPY_CACHE_DIR") or str(Path.home() / ".cupy" / "kernel_cache")
+    with tempfile.TemporaryDirectory(prefix="minferd-warmup-") as d:
+        for dev, host in fleet.hosts.items():
+            say(f"warmup: {dev}" + ("" if dev.startswith("cpu") else f" (kernels into {cache})"))
+            warm_host(host, Path(d), say)
+    return time.perf_counter() - t0
