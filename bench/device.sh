@@ -11,6 +11,8 @@
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
 #   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
 #            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
+#   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
+#            from that cache, and the first token without warmup (an empty cache again), each timed
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -90,6 +92,14 @@ if [ "$stage" = batch ]; then
     2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns 1,2,4,8,16,32,64 --reps 10 --json "$OUT/crossover.json" \
     2>&1 | tee "$OUT/crossover.log" | tail -3
+fi
+if [ "$stage" = cold ]; then
+  q7b
+  first() { /usr/bin/time -f "%e s wall" python3 -m minferd.cli run /tmp/q7b.gguf --device cuda --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --max-tokens 1 --json; }
+  rm -rf /tmp/cold-a /tmp/cold-b
+  { echo "# warmup into an empty cache"; CUPY_CACHE_DIR=/tmp/cold-a /usr/bin/time -f "%e s wall" python3 -m minferd.cli warmup --device cuda
+    echo "# the 7B's first token after it"; CUPY_CACHE_DIR=/tmp/cold-a first
+    echo "# the 7B's first token with an empty cache"; CUPY_CACHE_DIR=/tmp/cold-b first; } 2>&1 | tee "$OUT/cold.log"
 fi
 if [ "$stage" = serve ]; then
   # The build runs while the tests and the single-stream bench do; the serving bench waits for it
