@@ -89,9 +89,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    import logging
     from minferd.warmup import warmup
-    logging.getLogger("minferd").setLevel(logging.ERROR)  # its synthetic models' "no chat template" notes
     seconds = warmup(args.device, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"warmup: done in {seconds:.1f} s", file=sys.stderr)
     return 0
@@ -127,7 +125,7 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="minferd: %(message)s")
     keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "metrics_listen", "tls_cert",
             "tls_key", "tls_client_ca", "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads",
-            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests")
+            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests", "warmup")
     return serve(load_config({k: getattr(args, k) for k in keys}, toml_path=args.config))
 
 
@@ -178,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
                    help="default seconds an idle model stays (300; 0 unloads when idle, negative keeps forever)")
     p.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="also serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions)")
+    p.add_argument("--warmup", action="store_true", default=None,
+                   help="compile every CUDA kernel (minferd warmup) before reporting SERVING")
     p.add_argument("--http-max-requests", type=int_in(1, 1 << 16), default=None, metavar="N",
                    help="generations in progress on the HTTP front; past it 429 (default 512)")
     p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,

@@ -81,6 +81,7 @@ class ServeConfig:
     metrics_listen: str | None = None  # HOST:PORT
     http: str | None = None  # HOST:PORT of the OpenAI-compatible HTTP front
     http_max_requests: int = HTTP_MAX_REQUESTS
+    warmup: bool = False  # compile every kernel (minferd/warmup.py) before health says SERVING
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # PEM: TLS clients must present a certificate it signed
@@ -124,7 +125,7 @@ class ServeConfig:
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int, "http": str,
         "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
         "tls_client_ca": str, "keep_alive": float, "parallel": int, "w16_min_bytes": int, "threads": int,
-        "drain_seconds": float, "http_max_requests": int}
+        "drain_seconds": float, "http_max_requests": int, "warmup": "flag"}
 
 
 def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> ServeConfig:
@@ -145,7 +146,12 @@ def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> Se
         if raw is None:
             continue
         try:
-            values[key] = tuple(p for p in raw.split(os.pathsep) if p) if kind == "paths" else kind(raw)
+            if kind == "paths":
+                values[key] = tuple(p for p in raw.split(os.pathsep) if p)
+            elif kind == "flag":
+                values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                values[key] = kind(raw)
         except ValueError:
             raise InvalidRequest(f"MINFERD_{key.upper()}={excerpt(raw)} is not a valid {kind.__name__}") from None
     values.update({k: v for k, v in flags.items() if v is not None and v != ()})

@@ -9,7 +9,9 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -232,6 +234,11 @@ def serve(cfg: ServeConfig) -> int:
         if cfg.http_address():
             from minferd.http_api import OpenAIFront, start
             http = start(OpenAIFront(host, cfg.models_dirs, cfg.keep_alive, token, metrics, cfg.http_max_requests), *cfg.http_address())
+        if cfg.warmup:  # before the preloads and SERVING: no request pays a compile
+            from minferd.warmup import warm_host
+            with tempfile.TemporaryDirectory(prefix="minferd-warmup-") as d:
+                for h in host.hosts.values():
+                    warm_host(h, Path(d), log.info)
         for item in cfg.preload:
             name_path, _, name = item.partition("=")
             name_path = resolve_path(name_path)

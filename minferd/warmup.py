@@ -10,6 +10,8 @@ On the CPU there is nothing to compile; the same run checks the serving path end
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -33,7 +35,31 @@ SAMPLING = (SamplingParams(temperature=0, max_tokens=6),
             SamplingParams(temperature=1.0, top_k=0, max_tokens=6, seed=2))  # top_k 0: the host sampler
 
 
+class _NotTheirs(logging.Filter):
+    def filter(self, record) -> bool:
+        return "carries no chat template" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The synthetic models' own notes (gguf's writer, "no chat template") are nothing to act on."""
+    gguf, minferd, keep = logging.getLogger("gguf"), logging.getLogger("minferd"), _NotTheirs()
+    level = gguf.level
+    gguf.setLevel(logging.WARNING)
+    minferd.addFilter(keep)
+    try:
+        yield
+    finally:
+        gguf.setLevel(level)
+        minferd.removeFilter(keep)
+
+
 def warm_host(host: Host, workdir: Path, say=print) -> None:
+    with _quiet():
+        _warm(host, workdir, say)
+
+
+def _warm(host: Host, workdir: Path, say) -> None:
     files = {}
     for arch, plan, kernel in RUNS:
         if arch not in files:

@@ -134,3 +134,15 @@ def test_warmup_serves_a_tiny_model_through_every_plan_and_kernel():
     runs = [line for line in p.stderr.splitlines() if line.startswith("warmup: ") and line.endswith(" s")]
     assert len(runs) == len(RUNS) + 1 and "done" in runs[-1], p.stderr
     assert "chat template" not in p.stderr
+
+
+def test_serve_warmup_runs_before_it_listens_and_leaves_nothing_loaded(tmp_path):
+    from tests.e2e.daemon import Daemon
+    d = Daemon(tmp_path, "--device", "cpu", "--budget", "256MiB", "--warmup")
+    try:
+        log = d.log.read_text()
+        assert log.index("warmup: gemma3") < log.index("listening on"), log
+        st = d.status()
+        assert not st.models and st.pool.used_bytes == 0
+    finally:
+        assert d.stop() == 0
