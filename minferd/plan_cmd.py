@@ -13,6 +13,7 @@ from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.pool.estimator import estimate
 from minferd.config import DEFAULT_PARALLEL, W16_MIN_BYTES
 from minferd.host_load import LoadOptions
+from minferd.model.arch.llama import EXPERTS
 from minferd.pool.planner import plan
 from minferd.units import fmt_bytes
 
@@ -45,7 +46,18 @@ def dry_run(model: str, device: str = "cpu", ctx: int | None = None, budget: str
     return {"model": str(mf.path), "architecture": mf.spec.arch, "device": device, "ctx": ctx, "kv_tokens": kv_tokens,
             "fits": p.total <= capacity, "plan": {"matmul_path": p.matmul_path.value, "reason": p.reason},
             "bytes": p.bytes, "total_bytes": p.total, "budget_bytes": capacity, "device_total_bytes": total,
-            "w16_option_bytes": est.w16, "quantized_matmul_bytes": est.matmul_bytes}
+            "w16_option_bytes": est.w16, "quantized_matmul_bytes": est.matmul_bytes, "classes": _classes(mf, p)}
+
+
+def _classes(mf, p) -> dict | None:
+    """An MoE's weights by tensor class and which hold an f16 copy (the experts never do so far:
+    a decode token reads only a few of them, and nothing runs them from a copy yet)."""
+    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
+    if not experts:
+        return None
+    return {"dense": {"quantized_bytes": mf.matmul_bytes(), "f16_copy_bytes": p.bytes["w16"]},
+            "experts": {"quantized_bytes": experts, "f16_copy_bytes": 0,
+                        "used_per_token": f"{mf.spec.n_expert_used} of {mf.spec.n_expert}"}}
 
 
 def cmd_plan(args) -> int:
@@ -60,6 +72,11 @@ def cmd_plan(args) -> int:
         for kind, n in res["bytes"].items():
             print(f"  {kind:8s} {fmt_bytes(n):>12s}")
         print(f"  {'total':8s} {fmt_bytes(res['total_bytes']):>12s} of a {fmt_bytes(res['budget_bytes'])} budget")
+        if c := res["classes"]:
+            d, e = c["dense"], c["experts"]
+            copy = f"the dense {fmt_bytes(d['quantized_bytes'])} only" if d["f16_copy_bytes"] else "none"
+            print(f"  f16 copy: {copy}; the experts' {fmt_bytes(e['quantized_bytes'])} stay quantized "
+                  f"({e['used_per_token']} run per token)")
     if not res["fits"]:
         short = res["total_bytes"] - res["budget_bytes"]
         print(f"minferd plan: does not fit: needs {fmt_bytes(res['total_bytes'])}, the budget is "

@@ -83,6 +83,11 @@ def test_estimate_counts_experts_as_weights_without_an_f16_copy(synth_model):
     assert est.matmul_types == {"Q4_K", "Q5_0", "F32"} == mf.matmul_types()
     res = dry_run(str(mf.path), "cpu", ctx=256, budget="1GiB")
     assert res["architecture"] == "qwen3moe" and res["fits"] and res["bytes"]["weights"] == est.weights
+    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
+    assert res["classes"]["experts"] == {"quantized_bytes": experts, "f16_copy_bytes": 0, "used_per_token": "2 of 8"}
+    w16 = dry_run(str(mf.path), "cpu", ctx=256, budget="1GiB", matmul_path="w16")["classes"]
+    assert w16["dense"] == {"quantized_bytes": est.matmul_bytes, "f16_copy_bytes": est.w16}  # the dense part's copy
+    assert dry_run(str(synth_model("qwen2")), "cpu", ctx=256, budget="1GiB")["classes"] is None
 
 
 def test_w16_plan_copies_no_expert_or_router(synth_model):
