@@ -23,7 +23,9 @@ SHARER = "<img/src=x/onerror=alert(1)><b>b</b>"
 
 def chromium(url: str, *args: str) -> str:
     """What the page's DOM is once its scripts ran (virtual time: its first fetch has answered)."""
-    out = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+    # No sandbox and no /dev/shm: CI runs as root, in containers whose /dev/shm is small.
+    out = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--hide-scrollbars",
                           "--window-size=1280,480", "--virtual-time-budget=3000", *args, url],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
