@@ -67,6 +67,15 @@ class Page(html.parser.HTMLParser):
             self.texts[self._id] = self.texts.get(self._id, "") + data
 
 
+@pytest.fixture(scope="module", autouse=True)
+def browser_works():
+    """A chromium that cannot render a blank page is the machine's problem, not the page's."""
+    out = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--dump-dom", "about:blank"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or "<body" not in out.stdout:
+        pytest.skip(f"chromium does not run here: {out.stderr[-300:]}")
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, synth_model):
     tmp = tmp_path_factory.mktemp("status-page")
