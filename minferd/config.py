@@ -102,24 +102,22 @@ class ServeConfig:
         return read_token(self.token, self.token_file)
 
     def http_address(self) -> tuple[str, int] | None:
-        if not self.http:
-            return None
-        host, _, port = self.http.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidRequest(f"--http {excerpt(self.http)}: expected HOST:PORT")
-        return host.strip("[]"), int(port)
+        return host_port("--http", self.http) if self.http else None
 
     def metrics_address(self) -> tuple[str, int] | None:
         if self.metrics_listen and self.metrics_port is not None:
             raise InvalidRequest("give --metrics-listen HOST:PORT or --metrics-port PORT, not both")
         if self.metrics_port is not None:
             return METRICS_HOST, self.metrics_port
-        if not self.metrics_listen:
-            return None
-        host, _, port = self.metrics_listen.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidRequest(f"--metrics-listen {excerpt(self.metrics_listen)}: expected HOST:PORT")
-        return host.strip("[]"), int(port)
+        return host_port("--metrics-listen", self.metrics_listen) if self.metrics_listen else None
+
+
+def host_port(flag: str, value: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as (host, port), or InvalidRequest naming the flag."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest(f"{flag} {excerpt(value)}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int, "http": str,
