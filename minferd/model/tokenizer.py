@@ -16,79 +16,12 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from minferd.model import chat_template
+from minferd.model.vocab_rules import (BYTE, CONTROL, NORMAL, PRE, UNKNOWN, USER_DEFINED,
+                                       llama_cpp_overrides)
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _SPLIT_OUT = (UNKNOWN, CONTROL, USER_DEFINED)  # llama.cpp cuts these out of text before BPE
 _LONG_TEXT = 1 << 14  # characters; longer texts are encoded without holding the GIL
 
-# Pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe; applied in sequence,
-# each one splitting the pieces of the one before and keeping unmatched text as pieces.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
-# o200k (gpt-oss, llama4): llama.cpp's rewrite of tiktoken's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
-# [\p{Ll}\p{Lm}\p{Lo}\p{M}]+ as "letters but not a-z" then "letters but not A-Z": a non-ASCII
-# letter counts as both cases, and combining marks (\p{M}) are not part of a word.
-_UPPER, _LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
-_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
-          rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# tokenizer.ggml.pre -> (regexes, ignore_merges, add_bos default), as llama_vocab::load sets them
-_PRE = {"default": (_DEFAULT, False, False)}
-_PRE.update({n: ((_LLAMA3,), True, True) for n in (
-    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")})
-_PRE.update({n: ((_QWEN2,), False, False) for n in (
-    "qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "hunyuan", "solar-open")})
-_PRE.update({n: ((_GPT2,), False, False) for n in (
-    "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "mpt", "olmo", "trillion")})
-_PRE["qwen35"] = ((_QWEN35,), False, False)
-_PRE.update({n: ((_GPT4O,), False, False) for n in ("gpt-4o", "llama4", "kanana2", "talkie")})
-
-# Texts llama.cpp treats as end of generation whatever the file says (llama_vocab::load),
-# forcing them to control type. "</s>" is among them, so gemma3's HTML "</s>" ends a turn too.
-_EOG_TEXTS = frozenset((
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
-    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"))
-# Fill-in-the-middle markup llama.cpp also forces to control type (they do not end generation).
-_FIM_TEXTS = frozenset((
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-    "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>",
-    "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
-    "<|middle|>"))
-_GPT_OSS_TEXT = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # always rendered
-
-
-def _llama_cpp_overrides(vocab: dict[str, int], types: np.ndarray, eog: set[int]) -> set[int]:
-    """The end-of-generation set and token types as llama_vocab::load leaves them: it goes by
-    token text where converters did not mark tokens, and these choices change tokenization."""
-    for text in _EOG_TEXTS | _FIM_TEXTS:
-        i = vocab.get(text)
-        if i is not None:
-            types[i] = CONTROL
-            if text in _EOG_TEXTS:
-                eog.add(i)
-    for text in _GPT_OSS_TEXT:
-        if text in vocab:
-            types[vocab[text]] = USER_DEFINED
-    # gpt-oss and solar-open end a message with <|end|> but keep generating after it
-    if ("<|return|>" in vocab and "<|call|>" in vocab or "<|calls|>" in vocab and "<|flush|>" in vocab) \
-            and "<|end|>" in vocab and vocab["<|end|>"] in eog:
-        eog.discard(vocab["<|end|>"])
-        types[vocab["<|end|>"]] = USER_DEFINED
-    # gemma4 and plamo2 use "</s>" as plain text
-    if ("<|tool_response>" in vocab or "<|plamo:eos|>" in vocab) and "</s>" in vocab:
-        eog.discard(vocab["</s>"])
-        types[vocab["</s>"]] = NORMAL
-    return eog
 
 _KEYS = (
     "general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -161,9 +94,9 @@ def _build_hf(md: dict, tokens: list[str], vocab: dict[str, int], types: np.ndar
         hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
     else:
         pre = md.get("tokenizer.ggml.pre") or "default"
-        if pre not in _PRE:
-            raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(_PRE)}")
-        regexes, ignore_merges, _ = _PRE[pre]
+        if pre not in PRE:
+            raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(PRE)}")
+        regexes, ignore_merges, _ = PRE[pre]
         merges = []
         for m in md.get("tokenizer.ggml.merges", ()):
             cut = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
@@ -186,8 +119,8 @@ def check_supported(md: dict) -> None:
     if model not in ("llama", "gpt2"):
         raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: llama, gpt2")
     pre = md.get("tokenizer.ggml.pre") or "default"
-    if model == "gpt2" and pre not in _PRE:
-        raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(_PRE)}")
+    if model == "gpt2" and pre not in PRE:
+        raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(PRE)}")
 
 
 class Tokenizer:
@@ -208,11 +141,11 @@ class Tokenizer:
         self.bos_id = int(md.get("tokenizer.ggml.bos_token_id", 1 if self.spm else 11))
         self.eos_id = int(md.get("tokenizer.ggml.eos_token_id", 2 if self.spm else 11))
         self.add_bos = bool(md.get("tokenizer.ggml.add_bos_token",
-                                   self.spm or _PRE.get(pre, (0, 0, False))[2]))
+                                   self.spm or PRE.get(pre, (0, 0, False))[2]))
         self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
         self.add_space_prefix = self.spm and bool(md.get("tokenizer.ggml.add_space_prefix", True))
         vocab = {t: i for i, t in enumerate(self._tokens)}
-        eog = _llama_cpp_overrides(vocab, self._types, {self.eos_id} | {int(md[k]) for k in (
+        eog = llama_cpp_overrides(vocab, self._types, {self.eos_id} | {int(md[k]) for k in (
             "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md})
         self.eog_ids = frozenset(i for i in eog if 0 <= i < n)
         self._hf = _build_hf(md, self._tokens, vocab, self._types, self.spm, self.add_space_prefix)
@@ -332,7 +265,7 @@ class Tokenizer:
     def check_chat_template(self) -> str | None:
         """None when the model's chat template compiles, else its problem in one line, with the line
         number. Cheap (one compile, cached); host.load calls it so that a bad template shows when the
-        model loads. The model still loads and generates: Chat on it answers FAILED_PRECONDITION."""
+        model loads. The model still loads and generates: Chat on it answers FAILEDPRECONDITION."""
         return chat_template.check(self._chat_source)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:

@@ -22,7 +22,8 @@ def check_tokenizer(gf: GGUFFile, n_vocab: int) -> None:
     after reserving memory, and a file that failed there (unknown tokenizer.ggml.model, a short
     token_type array, ids past the vocabulary, ...) surfaced as a ValueError or IndexError, that is
     INTERNAL, instead of a ModelFileError naming the file and the key."""
-    from minferd.model.tokenizer import BYTE, check_supported
+    from minferd.model.tokenizer import check_supported
+    from minferd.model.vocab_rules import BYTE
 
     fields = gf.reader.fields
 
