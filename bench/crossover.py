@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
     from minferd.kernels.mmvq import MAX_COLS, mmvq
     from minferd.kernels.quant import TYPES
-    from minferd.kernels.quantize_ref import random_blocks
+    from minferd.kernels.random_blocks import random_blocks
     from minferd.kernels.tiles import gemm_tiles
 
     def timed(f) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import SUPPORTED_NAMES, TYPES
-from minferd.kernels.quantize_ref import random_blocks
+from minferd.kernels.random_blocks import random_blocks
 
 BLOCK_ELEMS = 1 << 18  # as minferd/backend/cpu.py
 

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from minferd.kernels import gemm_f16 as g
     from minferd.kernels.dequant import dequant_f16
     from minferd.kernels.quant import TYPES
-    from minferd.kernels.quantize_ref import random_blocks
+    from minferd.kernels.random_blocks import random_blocks
 
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     print(f"device: {dev['name'].decode()}, {dev['multiProcessorCount']} SMs", flush=True)

@@ -6,7 +6,7 @@ For M in --ms (tokens) and each (N, K) weight shape it times
   cublas   cupy.matmul of f16 x (M, K) and f16 W.T (cuBLAS), for scale
 and prints ms and TOP/s (2*M*N*K operations / time). Timing: CUDA events around each call
 on one stream, median of --reps calls after --warmup calls. W is random valid blocks
-(quantize_ref.random_blocks); one buffer per shape (the GEMM is compute-bound: L2 reuse of
+(random_blocks.random_blocks); one buffer per shape (the GEMM is compute-bound: L2 reuse of
 W between calls changes little).
 
     PYTHONPATH=. python bench/mmq.py [--types Q4_K,Q6_K,Q8_0] [--ms 512,2048] [--json F]
@@ -57,7 +57,7 @@ def main() -> int:
 
     from minferd.kernels import mmq as mq
     from minferd.kernels.quant import TYPES
-    from minferd.kernels.quantize_ref import random_blocks
+    from minferd.kernels.random_blocks import random_blocks
 
     dev = cp.cuda.Device()
     name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()

@@ -39,7 +39,7 @@ def main() -> int:
     from minferd.kernels import mmq as mq
     from minferd.kernels import module
     from minferd.kernels.quant import TYPES
-    from minferd.kernels.quantize_ref import random_blocks
+    from minferd.kernels.random_blocks import random_blocks
 
     qt = TYPES[args.type]
     M, N, K = (int(v) for v in args.shape.split(","))

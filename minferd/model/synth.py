@@ -16,7 +16,8 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from minferd.errors import InvalidRequest
 from minferd.kernels.quant import QK_K, TYPES, QuantType, row_bytes
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
+from minferd.kernels.quantize_ref import quantize
+from minferd.kernels.random_blocks import center_blocks, random_blocks, scale_blocks
 from minferd.model.arch import MODELS
 from minferd.model.arch.llama import EMBED, EXPERTS, ROUTER, VECTOR
 from minferd.model.spec import GEMMA3_SWA_PERIOD, spec_from_metadata

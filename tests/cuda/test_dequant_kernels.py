@@ -17,7 +17,7 @@ from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 from minferd.kernels.dequant import dequant_f16, dequant_rows  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
-from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 
 NAMES = CUDA_TYPES
 

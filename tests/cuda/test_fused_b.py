@@ -20,7 +20,7 @@ from minferd.kernels.dequant import dequant_f16  # noqa: E402
 from minferd.kernels.dequant_ref import dequantize  # noqa: E402
 from minferd.kernels.gemm_f16 import CONFIGS, SUPPORTED, fused_b, gemm_w16, pick_config  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
-from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 
 TOL = 1e-2  # the contract; f16 operands with f32 accumulation land near 3e-4
 NAMES = CUDA_TYPES

@@ -13,7 +13,7 @@ from minferd.backend.base import Weight  # noqa: E402
 from minferd.backend.cuda import CudaBackend, DeviceMemory, gemm_f32  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
-from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 
 rng = np.random.default_rng(5)
 

@@ -17,7 +17,7 @@ from minferd.kernels import mmq as mq  # noqa: E402
 from minferd.kernels.mmq import SUPPORTED, mmq, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
-from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 
 TOL = 1e-3  # the bar is 1e-2; the two-plane x lands near 1e-4 on these data
 NAMES = sorted(SUPPORTED)

@@ -16,7 +16,7 @@ from minferd.kernels import mmvq as mv  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
-from minferd.kernels.quantize_ref import random_blocks  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 
 TOL = 1e-2  # the contract; the two-plane x of mmvq.cu lands near 1e-5 on these data
 NAMES = CUDA_TYPES

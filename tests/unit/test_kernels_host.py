@@ -20,7 +20,8 @@ from gguf.constants import GGMLQuantizationType
 from minferd.kernels import DIR
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import CUDA_TYPES, TYPES, row_bytes
-from minferd.kernels.quantize_ref import quantize_x_ref, random_blocks
+from minferd.kernels.quantize_ref import quantize_x_ref
+from minferd.kernels.random_blocks import random_blocks
 
 SHIM = Path(__file__).resolve().parents[1] / "host" / "kernels_host.cpp"
 P = ctypes.c_void_p

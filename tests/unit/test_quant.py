@@ -13,7 +13,8 @@ import gguf.quants
 
 from minferd.kernels.dequant_ref import dequantize, dequantize_rows
 from minferd.kernels.quant import SUPPORTED_NAMES, TYPES, by_id, by_name, row_bytes, tensor_bytes
-from minferd.kernels.quantize_ref import center_blocks, quantize, random_blocks, scale_blocks
+from minferd.kernels.quantize_ref import quantize
+from minferd.kernels.random_blocks import center_blocks, random_blocks, scale_blocks
 
 ALL = list(SUPPORTED_NAMES)
 QUANTIZED = [n for n in ALL if TYPES[n].is_quantized]
