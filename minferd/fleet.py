@@ -17,7 +17,7 @@ import threading
 from minferd import report
 from minferd.config import DEFAULT_CTX
 from minferd.errors import InvalidRequest, MinferdError, NotFound, excerpt
-from minferd.host import Host
+from minferd.host import Host, not_found
 from minferd.host_load import LoadOptions
 from minferd.loaded import LoadedModel
 from minferd.model.loader import ModelFile, open_model_file
@@ -89,9 +89,7 @@ class Fleet:
         return next(d for d, h in self.hosts.items() if h is host)
 
     def _not_found(self, name: str) -> NotFound:
-        known = sorted(n for h in self.hosts.values() for n in h.models)
-        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        return NotFound(f"no model named {excerpt(name)} is loaded (loaded: {listed or 'none'})")
+        return not_found(name, [n for h in self.hosts.values() for n in h.models])
 
     def get(self, name: str) -> LoadedModel:
         return self.host_of(name).get(name)

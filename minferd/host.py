@@ -174,9 +174,7 @@ class Host(LoadMixin, W16Mixin):
         return lm
 
     def _not_found(self, name: str) -> NotFound:
-        known = sorted(self.models)
-        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        return NotFound(f"no model named {excerpt(name)} is loaded (loaded: {listed or 'none'})")
+        return not_found(name, self.models)
 
     def has_model(self, name: str) -> bool:
         """Loaded and serving (per-model health reads this: it never disagrees with the table)."""
@@ -215,3 +213,9 @@ class Host(LoadMixin, W16Mixin):
     def model_bytes(self, lm: LoadedModel) -> dict[str, int]:
         return report.model_bytes(lm, self.ledger.snapshot())
 
+
+def not_found(name: str, loaded) -> NotFound:
+    """NotFound for `name`, listing (the first 20 of) the names that are loaded."""
+    known = sorted(loaded)
+    listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+    return NotFound(f"no model named {excerpt(name)} is loaded (loaded: {listed or 'none'})")
