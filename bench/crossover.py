@@ -4,7 +4,8 @@ from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not 
 
     python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F] [--graph]
 
-Kernels: mmvq (mat-vec, n <= 8, quantized bytes), cublas (the f16 copy: W16 plans only), tiles
+Kernels: mmvq (mat-vec, n <= 8, quantized bytes), small (mmq_small: int8 mma, quantized bytes
+read once, n <= 64), cublas (the f16 copy: W16 plans only), tiles
 (dequantize row tiles into scratch + cuBLAS), fused_b (f16 mma, B decoded in registers), mmq
 (int8 mma). CUDA events around INNER calls in a row, median of --reps after warm-up; the input
 conversion each needs (int8 quantization, the f16 cast) is counted in it. (The committed table
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]
 NS = "1,2,4,8,12,16,24,32,48,64,96,128,256,512,1024,2048"
-KERNELS = ("mmvq", "cublas", "tiles", "fused_b", "mmq")
+KERNELS = ("mmvq", "small", "cublas", "tiles", "fused_b", "mmq")
 INNER = 10  # calls per timed sample
 
 
@@ -51,6 +52,8 @@ def main(argv=None) -> int:
     from minferd.kernels.dequant import dequant_f16
     from minferd.kernels.gemm_f16 import SUPPORTED as FUSED_B_TYPES, fused_b
     from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, mmq
+    from minferd.kernels.mmq_small import MAX_M as SMALL_MAX, SUPPORTED as SMALL_TYPES, mmq_small, part_bytes, \
+        quantize, sm_count, x_bytes
     from minferd.kernels.mmvq import MAX_COLS, mmvq
     from minferd.kernels.quant import TYPES
     from minferd.kernels.random_blocks import random_blocks
@@ -73,6 +76,7 @@ def main(argv=None) -> int:
 
     from kernels import copies_for, time_graph  # bench/kernels.py
     l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+    sms = sm_count(0)
 
     def graphed(make, ws, w16s) -> float:
         """make(w, w16) -> a launch; INNER of them over the weight copies, in one graph."""
@@ -99,6 +103,10 @@ def main(argv=None) -> int:
                     makers["fused_b"] = lambda w, w16: lambda: fused_b(qt, w, x.astype(cp.float16), y)
                 if name in MMQ_TYPES:
                     makers["mmq"] = lambda w, w16: lambda: mmq(qt, w, x, y)
+                if name in SMALL_TYPES and n <= SMALL_MAX:  # quantize x each call, as cublas casts it
+                    xbuf = cp.empty(x_bytes(n, K), cp.uint8)
+                    part = cp.empty(max(part_bytes(n, N, K, sms), 4) // 4, cp.float32)
+                    makers["small"] = lambda w, w16: lambda: mmq_small(qt, w, quantize(x, xbuf), y, part=part)
                 us = {}
                 for k, make in makers.items():
                     try:

@@ -30,8 +30,23 @@ stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
 q7b() { [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+# tests/cuda (or $TESTS) within $1 seconds in all: the kernel tests in 8 processes where pytest-xdist came
+# in .whl, then, alone on the GPU, those that read its free memory or run whole engines.
+SERIAL="tests/cuda/test_engine_cuda.py tests/cuda/test_foreign_memory.py tests/cuda/test_pool_scenario.py"
+cuda_tests() {
+  local args="-q -p no:cacheprovider --durations=8 -rfE --tb=short"
+  if [ -n "${TESTS:-}" ]; then
+    timeout -s INT "$1" python3 -m pytest $args $TESTS 2>&1 | tee "$OUT/cuda.log" | tail -25; return
+  fi
+  local par=() xd=""
+  for f in tests/cuda/test_*.py; do case " $SERIAL " in *" $f "*) ;; *) par+=("$f");; esac; done
+  python3 -c "import xdist" 2>/dev/null && xd="-n 8"
+  { timeout -s INT $(($1 * 2 / 3)) python3 -m pytest $args $xd "${par[@]}"
+    timeout -s INT $(($1 / 3)) python3 -m pytest $args $SERIAL; } \
+    2>&1 | tee "$OUT/cuda.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -25
+}
 if want tests; then
-  timeout -s INT ${TEST_LIMIT:-540} python3 -m pytest -q -p no:cacheprovider --durations=12 -rfE --tb=short ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -40
+  cuda_tests ${TEST_LIMIT:-540}
 fi
 if want bench; then
   q7b
@@ -69,8 +84,7 @@ if [ "$stage" = verify ]; then
   # A session's whole check in one call: llama.cpp builds in the background (carry .llama, made by
   # ../shared/device/llama_cpp.sh prep) while tests/cuda runs, then both time the same file.
   (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
-  timeout -s INT ${TEST_LIMIT:-420} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
-    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  cuda_tests ${TEST_LIMIT:-420}
   q7b
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512,2048 -n 128 -r 3 \
     --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -12
@@ -79,18 +93,17 @@ if [ "$stage" = verify ]; then
 fi
 if [ "$stage" = batch ]; then
   # At most 8 files come back: logs only, and one JSON.
-  timeout -s INT ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
-    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  cuda_tests ${TEST_LIMIT:-300}
   q7b
   for p in ${PATHS:-w16 mmq}; do
     python3 bench/profile_ops.py /tmp/q7b.gguf --path $p --batch ${BATCHES:-1,4,16,64} --top 14 \
       2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   done
-  # The quantized plan with every batch past 8 on the kernel that reads the quantized bytes once.
-  echo "# MINFERD_PREFILL_KERNEL=fused_b" >> "$OUT/profile.log"
-  MINFERD_PREFILL_KERNEL=fused_b python3 bench/profile_ops.py /tmp/q7b.gguf --path mmq --batch 16,64 --top 14 \
+  # The same batches with mmq_small off (batches of 9-64 on the gate table's kernels, as before it).
+  echo "# MINFERD_SMALL_BATCH=off" >> "$OUT/profile.log"
+  MINFERD_SMALL_BATCH=off python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --batch 16,64 --top 14 \
     2>&1 | tee -a "$OUT/profile.log" | grep '^#'
-  python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns 1,2,4,8,16,32,64 --reps 10 --json "$OUT/crossover.json" \
+  python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
     2>&1 | tee "$OUT/crossover.log" | tail -3
 fi
 if [ "$stage" = cold ]; then
@@ -105,8 +118,7 @@ if [ "$stage" = serve ]; then
   # The build runs while the tests and the single-stream bench do; the serving bench waits for it
   # (the daemon's compute threads run niced: sixteen compiler jobs beside them starved its engine).
   (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
-  timeout -s INT ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider --durations=8 -rfE --tb=short \
-    ${TESTS:-tests/cuda} 2>&1 | tee "$OUT/cuda.log" | tail -25
+  cuda_tests ${TEST_LIMIT:-300}
   q7b
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512 -n 128 -d 0,4096,16384 -r 3 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -8

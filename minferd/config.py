@@ -54,6 +54,7 @@ VALVES = {
     "MINFERD_PREFILL_KERNEL": "mmq | fused_b | tiles: one prefill kernel for every no-copy matmul",
     "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
     "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
+    "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",
 }
 
 

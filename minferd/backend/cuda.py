@@ -25,6 +25,7 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.tiles import gemm_tiles
+from minferd.kernels import mmq_small
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
@@ -68,6 +69,8 @@ class CudaBackend(Backend):
         self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
         # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
         self.prefill_kernel = valve("MINFERD_PREFILL_KERNEL")
+        self.small_batch = valve("MINFERD_SMALL_BATCH") != "off"
+        self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
         self.arena: Arena | None = None
@@ -79,6 +82,7 @@ class CudaBackend(Backend):
         # its memory cannot be reused while it is there; nothing writes such an input in place.
         self._xq: tuple | None = None
         self._x16: tuple | None = None
+        self._xm: tuple | None = None  # the same for mmq_small's format
         self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------
@@ -123,7 +127,16 @@ class CudaBackend(Backend):
                     with cp.cuda.using_allocator(self.arena.malloc):
                         yield
             finally:
-                self._xq = self._x16 = None
+                self._xq = self._x16 = self._xm = None
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """While a decode graph is captured: its buffers live as long as the graph (cuda_graph)."""
+        self.in_graph = True
+        try:
+            yield
+        finally:
+            self.in_graph = False
 
     def to_device(self, a):
         return cp.asarray(a)
@@ -162,6 +175,12 @@ class CudaBackend(Backend):
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
+        if n <= mmq_small.MAX_M and self.small_batch and w.qtype.name in mmq_small.SUPPORTED:
+            # A decode batch reads the quantized bytes once, whatever the plan (an f16 copy is
+            # 3.5x the bytes of Q4_K); bias and residual ride in its epilogue.
+            mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=None if bias is None else bias.data,
+                                residual=residual)
+            return out
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -195,7 +214,10 @@ class CudaBackend(Backend):
         tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B."""
         if w.w16 is not None and n >= self.w16_min_tokens:
             return ("cublas",)
-        allowed = ("fused_b", "tiles") + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
+        # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
+        # one more copy per bucket; decode batches take the kernels that need none.
+        tiles = () if self.in_graph else ("tiles",)
+        allowed = ("fused_b",) + tiles + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):
@@ -226,6 +248,13 @@ class CudaBackend(Backend):
         scratch = self._new_xq(x)
         quantize_x(x, scratch)
         return scratch
+
+    def _mmq_x(self, x):
+        """x in mmq_small's format: made once per array and pass (q/k/v and gate/up share it)."""
+        if self._xm is None or self._xm[0] != _key(x):
+            self._xm = None
+            self._xm = (_key(x), x, mmq_small.quantize(x))
+        return self._xm[2]
 
     def _as_f16(self, x):
         if self._x16 is not None and self._x16[0] == _key(x):
@@ -260,8 +289,10 @@ class CudaBackend(Backend):
         out16 = None
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
             out16 = self._new_x16(out)
-        _ops().get_function("rmsnorm_f32")((x.size // d,), (256,), (x, weight.data, out, np.int32(d), np.float32(eps),
-                                                                    out16 if out16 is not None else np.uint64(0)))
+        rows = x.size // d
+        _ops().get_function("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
+                                           (x, weight.data, out, np.int32(d), np.float32(eps),
+                                            out16 if out16 is not None else np.uint64(0)))
         return out
 
     @staticmethod

@@ -40,7 +40,7 @@ class DecodeGraph:
                            cache.block_size, dev)
         self.graph = None
         self.eager = False  # capture failed (a kernel that cannot be captured): run the step as is
-        self.keep = []
+        self.pool = be.arena.graph_pool()  # the graph's buffers (and an eager step's, after a failed capture)
 
     def run(self, batch: Batch):
         be, n, B = self.be, self.bucket, batch.n_seqs
@@ -54,30 +54,25 @@ class DecodeGraph:
         tables = h[4 * n:].reshape(n, self.width)
         tables[:] = -1
         tables[:B] = batch.block_tables
-        with be.scope():
+        with be.scope(), cp.cuda.using_allocator(self.pool.malloc):
             self.buf.set(h, stream=be.stream)
-            if self.eager:
-                return self.model.forward_batch(self.batch, self.cache)[:B]
-            if self.graph is None:
+            if self.graph is None and not self.eager:
                 self._capture()
-            if self.graph is not None:
-                self.graph.launch(stream=be.stream)
-            else:
+            if self.graph is None:
                 return self.model.forward_batch(self.batch, self.cache)[:B]
+            self.graph.launch(stream=be.stream)
         return self.logits[:B]
 
     def _capture(self):
         be = self.be
-        be.arena.recording = self.keep
         try:
             be.stream.begin_capture()
             try:
-                self.logits = self.model.forward_batch(self.batch, self.cache)
+                with be.capturing():
+                    self.logits = self.model.forward_batch(self.batch, self.cache)
             finally:
                 graph = be.stream.end_capture()
             self.graph = graph
         except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
             log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)
-            self.eager, self.graph = True, None
-        finally:
-            be.arena.recording = None
+            self.eager, self.graph, self.logits = True, None, None

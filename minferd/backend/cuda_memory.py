@@ -40,13 +40,18 @@ class DeviceMemory:
 
 
 class Arena:
-    """A model's scratch: one buffer carved front to back into chunks for a private MemoryPool,
-    which keeps and reuses them. A pass that would need more than the arena gets OutOfMemoryError."""
+    """A model's scratch: one buffer carved front to back into chunks for private MemoryPools,
+    which keep and reuse them. A pass that would need more than the arena gets OutOfMemoryError.
+
+    Eager passes share one pool. A captured CUDA graph gets a pool of its own (`graph_pool`),
+    as torch's graphs do: inside the capture a freed buffer is reused by the next allocation
+    (the replay runs in the same stream order), and after it nothing else allocates there, so
+    no later pass can take memory the graph still writes. Keeping every buffer of a capture
+    instead (the first version) held 28 layers' dequantized tiles at once and ran out."""
 
     def __init__(self, buf):
         self.buf, self.used = buf, 0
         self.pool = cp.cuda.MemoryPool(self._chunk)
-        self.recording = None  # a list while a graph is captured: its buffers must outlive it
 
     def _chunk(self, size: int):
         size = (size + 511) // 512 * 512
@@ -56,14 +61,15 @@ class Arena:
         self.used += size
         return cp.cuda.MemoryPointer(mem, 0)
 
+    def graph_pool(self) -> cp.cuda.MemoryPool:
+        """A pool for one graph's buffers, from this arena's chunks; the graph keeps it."""
+        return cp.cuda.MemoryPool(self._chunk)
+
     def close(self) -> None:
         """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
         rather than whenever the garbage collector runs."""
         self.pool.free_all_blocks()
-        self.pool = self.buf = self.recording = None
+        self.pool = self.buf = None
 
     def malloc(self, size: int):
-        ptr = self.pool.malloc(size)
-        if self.recording is not None:
-            self.recording.append(ptr)
-        return ptr
+        return self.pool.malloc(size)

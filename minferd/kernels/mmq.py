@@ -142,6 +142,15 @@ def _check_f32(a, shape, what):
         raise ValueError(f"mmq: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
+def quantize_rows(x, Mp: int, Kp: int, xq, xd, xs, xs16) -> None:
+    """x (M, K) f32 into the GEMMs' format for Mp >= M rows and Kp >= K columns (device
+    addresses of its four arrays, _layout's shapes), on the current stream."""
+    M, K = x.shape
+    _fn("mmq_row_scale")((Mp,), (256,), (x, np.int32(M), np.int32(K), np.int32(Mp), xd))
+    _fn("mmq_quantize_x")(((Mp * Kp // 8 + 255) // 256,), (256,),
+                          (x, np.int32(M), np.int32(K), np.int32(Mp), np.int32(Kp), xq, xd, xs, xs16))
+
+
 def unpack_rows(qt: QuantType, w, rb: int, n0: int, nr: int, K: int, Kp: int, wq, ws) -> None:
     """mmq_unpack of w's rows n0 .. n0+nr (rb bytes apart) into wq int8 [nr][Kp] and ws f32
     [nr][Kp/32][NS] (device addresses), on the current stream."""
@@ -194,10 +203,7 @@ def mmq(qt, w, x, out, *, scratch=None, stream=None, config: str | None = None,
     smem = smem_bytes(qt, cfg)
     gemm = _fn(gemm_name(qt, cfg), smem)
     with _stream(stream):
-        _fn("mmq_row_scale")((Mp,), (256,), (x, np.int32(M), np.int32(K), np.int32(Mp), at["xd"]))
-        _fn("mmq_quantize_x")(((Mp * Kp // 8 + 255) // 256,), (256,),
-                              (x, np.int32(M), np.int32(K), np.int32(Mp), np.int32(Kp), at["xq"],
-                               at["xd"], at["xs"], at["xs16"]))
+        quantize_rows(x, Mp, Kp, at["xq"], at["xd"], at["xs"], at["xs16"])
         for n0 in range(0, N, rows):
             nr = min(rows, N - n0)
             unpack_rows(qt, w, rb, n0, nr, K, Kp, at["wq"], at["ws"])

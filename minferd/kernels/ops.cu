@@ -41,7 +41,8 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = 1.0f / sqrtf(block_sum(ss) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    // gridDim.y CTAs share a row (each sums all of it, from L2): a decode batch has few rows.
+    for (int i = threadIdx.x + blockIdx.y * blockDim.x; i < dim; i += blockDim.x * gridDim.y) {
         float v = xr[i] * inv * w[i];
         orow[i] = v;
         if (out16) out16[(long long)blockIdx.x * dim + i] = __float2half_rn(v);
