@@ -95,6 +95,10 @@ class Backend(ABC):
     def prepare(self, batch) -> None:
         """Put what the ops read of a Batch where they read it (the CUDA backend: device arrays)."""
 
+    def run(self, model, batch, cache: KVCache):
+        """Logits (B, vocab) of each sequence's last token of a step (the engine's forward)."""
+        return self.decode(model, batch, cache) if batch.is_decode else model.forward_batch(batch, cache)
+
     def decode(self, model, batch, cache: KVCache):
         """Logits (B, vocab) of a decode batch, one new token per sequence (the CUDA backend
         replays a graph captured for the batch's size bucket)."""

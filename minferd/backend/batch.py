@@ -47,6 +47,15 @@ class Batch:
         """One sequence at positions first.. over a cache whose slot of position p is p."""
         return cls.build([(list(np.asarray(ids).tolist()), first, list(range(cache.n_blocks)))], cache.block_size)
 
+    def as_rows(self) -> Batch:
+        """The same tokens with each one its own row, as a decode batch: token i at position p
+        sees keys 0..p through its sequence's block table (the tokens of this pass before it
+        are written first, as in any pass), so a short prefill runs the decode graphs."""
+        seq_of = np.repeat(np.arange(self.n_seqs), np.diff(self.q_starts))
+        n = len(self.ids)
+        return Batch(self.ids, self.positions, self.slots, np.arange(n + 1, dtype=np.int32),
+                     (self.positions + 1).astype(np.int32), self.block_tables[seq_of], self.block_size)
+
     @property
     def n_seqs(self) -> int:
         return len(self.ctx_lens)

@@ -177,9 +177,7 @@ class ModelEngine:
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
         batch = Batch.build(parts, bs, width=self.max_blocks)
-        be = self.model.be
-        return be.decode(self.model, batch, self.cache) if batch.is_decode else \
-            self.model.forward_batch(batch, self.cache)
+        return self.model.be.run(self.model, batch, self.cache)
 
     def _postprocess(self, scheduled, logits) -> None:
         ready = []

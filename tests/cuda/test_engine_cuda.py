@@ -47,6 +47,32 @@ def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
     assert not any(g.eager for g in be.graphs.values())  # captured (cuBLAS too, for W16 past 8 rows)
 
 
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
+    """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a
+    decoding sequence, 54 tokens in all, replays the 64-row decode graph with each token a row:
+    its last-token logits equal the eager mixed pass's, and its K/V land where that pass's do."""
+    lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=256)
+    m, be = lm.model, lm.model.be
+    rng = np.random.default_rng(3)
+    tables = [[0, 1, 2], [3, 4], [5]]
+    ids = [rng.integers(0, 1000, n).tolist() for n in (70, 33, 9)]
+    outs, kvs = [], []
+    for how in ("eager", "rows"):
+        cache = m.new_cache(be.untracked(), 8 * 32)
+        m.forward_batch(Batch.build([(ids[0][:50], 0, tables[0]), (ids[2][:8], 0, tables[2])], 32), cache)
+        step = Batch.build([(ids[0][50:], 50, tables[0]), (ids[1], 0, tables[1]), (ids[2][8:], 8, tables[2])], 32,
+                           width=8)
+        assert len(step.ids) == 20 + 33 + 1 and not step.is_decode
+        logits = m.forward_batch(step, cache) if how == "eager" else be.run(m, step, cache)
+        outs.append(be.to_host(logits))
+        kvs.append(cp.asnumpy(cache.k[1][:6 * 32]).astype(np.float32))
+    assert outs[1].shape == (3, m.spec.n_vocab)
+    for a, b in ((outs[0], outs[1]), (kvs[0], kvs[1])):
+        assert np.abs(a - b).max() <= 2e-3 * np.abs(a).max(), np.abs(a - b).max() / np.abs(a).max()
+    assert any(k[1] == 64 and not g.eager for k, g in be.graphs.items())
+
+
 def test_batched_sequences_keep_their_solo_tokens(synth_model, device_memory):
     path = str(synth_model("qwen2", "q4_k"))
     mem = device_memory(limit=8 << 30)

@@ -247,3 +247,26 @@ def test_a_kv_size_outside_its_bounds_is_refused_before_any_work(synth_model, op
     with pytest.raises(InvalidRequest, match=says):
         h.load("m", synth_model("qwen2"), opts)
     assert not h.models and h.ledger.held() == 0
+
+
+def test_a_step_as_rows_gives_the_mixed_steps_logits(synth_model):
+    """Batch.as_rows (how the CUDA backend runs a short step through its decode graphs): each
+    token a row over its own context gives, at every sequence's last token, the logits of the
+    mixed pass (a prefix-hit chunk, a whole prompt, a decoding token)."""
+    from minferd.backend.batch import Batch
+    from minferd.model.loader import load_local
+    lm = load_local(str(synth_model("qwen2")), "mmq", device="cpu", ctx=256)
+    m = lm.model
+    rng = np.random.default_rng(1)
+    tables, ids = [[0, 1, 2], [3, 4], [5]], [rng.integers(0, 500, n).tolist() for n in (70, 33, 9)]
+    outs = []
+    for how in ("mixed", "rows"):
+        cache = m.new_cache(m.be.untracked(), 8 * 32)
+        m.forward_batch(Batch.build([(ids[0][:50], 0, tables[0]), (ids[2][:8], 0, tables[2])], 32), cache)
+        step = Batch.build([(ids[0][50:], 50, tables[0]), (ids[1], 0, tables[1]), (ids[2][8:], 8, tables[2])], 32)
+        rows = step.as_rows()
+        assert rows.is_decode and rows.n_seqs == len(step.ids) == 54
+        assert (rows.ctx_lens == step.positions + 1).all() and (rows.block_tables[20] == step.block_tables[1]).all()
+        out = m.forward_batch(step, cache) if how == "mixed" else m.forward_batch(rows, cache)[step.last_rows()]
+        outs.append(np.asarray(out))
+    assert np.abs(outs[0] - outs[1]).max() <= 1e-4 * np.abs(outs[0]).max()
