@@ -176,13 +176,11 @@ class CudaBackend(Backend):
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
-        if n <= mmq_small.MAX_M and self.small_batch and w.qtype.name in mmq_small.SUPPORTED:
-            # A decode batch reads the quantized bytes once, whatever the plan (an f16 copy is
-            # 3.5x the bytes of Q4_K); bias and residual ride in its epilogue.
+        kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
+        if kernel == "small":  # bias and residual ride in its epilogue
             mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=None if bias is None else bias.data,
                                 residual=residual)
             return out
-        kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
         elif kernel == "mmq":
@@ -212,13 +210,17 @@ class CudaBackend(Backend):
         """The kernels w's plan allows at n tokens, preferred first where the gate table ties.
         With its f16 copy a matmul runs cuBLAS on it; without (a quantized plan, or a W16 model
         whose copy was demoted) the kernels that read the quantized bytes: fused_b, dequantized
-        tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B."""
+        tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B. Up to 64 rows
+        mmq_small competes with both (bench/crossover.py --graph: it wins for the quantized
+        plans, and against cuBLAS only on Q4_K's large matrices at 9-16 rows)."""
+        # A decode batch of 9-64 rows may read the quantized bytes once (mmq_small) instead.
+        small = ("small",) if n <= mmq_small.MAX_M and self.small_batch and w.qtype.name in mmq_small.SUPPORTED else ()
         if w.w16 is not None and n >= self.w16_min_tokens:
-            return ("cublas",)
+            return ("cublas",) + small
         # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
         # one more copy per bucket; decode batches take the kernels that need none.
         tiles = () if self.in_graph else ("tiles",)
-        allowed = ("fused_b",) + tiles + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
+        allowed = small + ("fused_b",) + tiles + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):

@@ -10,7 +10,7 @@ import pytest
 from minferd.backend import gates
 from minferd.errors import InvalidRequest
 
-KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq"}
+KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq", "small"}
 NO_COPY = ("fused_b", "tiles", "mmq")
 
 
@@ -67,3 +67,12 @@ def test_a_bad_table_is_refused_by_name(tmp_path, text):
         path.write_text(text)
     with pytest.raises(InvalidRequest, match=f"prefill gate table {path}"):
         gates.check_device("NVIDIA H200", path)
+
+
+@pytest.mark.parametrize("N,K", [(3584, 3584), (3584, 18944), (512, 3584)])
+def test_decode_batches_of_a_quantized_plan_read_the_quantized_bytes_once(N, K):
+    """The committed H200 table (graph-timed rows up to 64): for a plan without f16 copies,
+    mmq_small at 9-32 rows; with the copy, cuBLAS stays (mmq_small is within TIE of it at best)."""
+    for n in (9, 16, 32):
+        assert gates.choose(("small",) + NO_COPY, "Q4_K", N, K, n) == "small"
+        assert gates.choose(("cublas", "small"), "Q4_K", N, K, n) == "cublas"
