@@ -11,6 +11,7 @@
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
 #   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
 #            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
+#   small    mmq_small's tests, then every config timed in graphs beside cuBLAS (bench/mmq_small.py)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
@@ -105,6 +106,11 @@ if [ "$stage" = batch ]; then
     2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
     2>&1 | tee "$OUT/crossover.log" | tail -3
+fi
+if [ "$stage" = small ]; then
+  # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py).
+  TESTS=tests/cuda/test_mmq_small.py cuda_tests ${TEST_LIMIT:-150}
+  python3 bench/mmq_small.py --json "$OUT/mmq_small.json" 2>&1 | tee "$OUT/mmq_small.log"
 fi
 if [ "$stage" = cold ]; then
   q7b

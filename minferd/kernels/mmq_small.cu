@@ -24,7 +24,7 @@
 // Grid (1, ceil(N / BN), splits); split z covers K steps [z*steps, (z+1)*steps). x: mmq.cu's
 // quantized x for Mp >= round_up(M, BM) rows. part == nullptr: one split, out gets the bias and
 // residual; else out is untouched and part[z][m][n] the split's sums.
-template <int TYPE, int WN, int TM, int MINB, int STAGES>
+template <int TYPE, int WN, int TM, int MINB, int STAGES, int PF>
 __global__ void __launch_bounds__(WN * 32, MINB)
 mmq_small(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int Mp, int Kp, int steps,
           const i8* __restrict__ xq, const float* __restrict__ xd, const float* __restrict__ xs,
@@ -48,18 +48,18 @@ mmq_small(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int Mp,
   const u8* rowp[PPT];
 #pragma unroll
   for (int i = 0; i < PPT; ++i) rowp[i] = W + (i64)min(n0 + (tid + i * NT) / 2, N - 1) * row_bytes;
-  D dec[PPT];
-  auto fetch = [&](int s) {
+  D dec[PF][PPT];  // PF steps of raw pieces in flight
+  auto fetch = [&](int s, D (&d)[PPT]) {
 #pragma unroll
-    for (int i = 0; i < PPT; ++i) dec[i].fetch(rowp[i], 2 * s + (tid + i * NT) % 2, nb);
+    for (int i = 0; i < PPT; ++i) d[i].fetch(rowp[i], 2 * s + (tid + i * NT) % 2, nb);
   };
-  auto store = [&](int s, int stage) {
+  auto store = [&](int s, int stage, const D (&d)[PPT]) {
     u8* st = smem + stage * S::BYTES;
 #pragma unroll
     for (int i = 0; i < PPT; ++i) {
       const int q = tid + i * NT, r = q / 2, h = q % 2;
-      dec[i].store(st + S::W + r * ROWB + 64 * h, reinterpret_cast<float*>(st + S::WS) + (r * 4 + 2 * h) * NS, NS,
-                   2 * s + h);
+      d[i].store(st + S::W + r * ROWB + 64 * h, reinterpret_cast<float*>(st + S::WS) + (r * 4 + 2 * h) * NS, NS,
+                 2 * s + h);
     }
   };
   XTiles<BM, NS, KIND, NT> xt;
@@ -72,27 +72,36 @@ mmq_small(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int Mp,
     for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
 
   // x: STAGES-1 steps in flight by cp.async (one commit group per step, maybe empty). W: the
-  // registers hold step s+1's raw pieces while step s computes; they are decoded into step
-  // s+1's stage before the barrier that publishes it. That stage was last read at step
-  // s+1-STAGES <= s-1, which every thread finished before the barrier of step s.
+  // registers hold the raw pieces of the PF steps after the one computing; a step's pieces are
+  // decoded into its stage before the barrier that publishes it, and the registers refilled
+  // with step s+PF's. That stage was last read at step s-STAGES <= s-2, which every thread
+  // finished before the barrier of step s-1.
 #pragma unroll
   for (int k = 0; k < STAGES - 1; ++k) {
     if (s0 + k < s1) xt.issue(sbase + k * S::BYTES, s0 + k);
     cp_commit();
   }
-  if (s0 < s1) fetch(s0);
-  for (int s = s0; s < s1; ++s) {
-    const int stage = (s - s0) % STAGES;
-    store(s, stage);
-    if (s + 1 < s1) fetch(s + 1);
-    cp_wait<STAGES - 2>();
-    __syncthreads();
-    const int nx = s + STAGES - 1;
-    if (nx < s1) xt.issue(sbase + ((nx - s0) % STAGES) * S::BYTES, nx);
-    cp_commit();
-    const u8* cur = smem + stage * S::BYTES;
+#pragma unroll
+  for (int p = 0; p < PF; ++p)
+    if (s0 + p < s1) fetch(s0 + p, dec[p]);
+  for (int sb = s0; sb < s1; sb += PF) {
+#pragma unroll
+    for (int p = 0; p < PF; ++p) {
+      const int s = sb + p;
+      if (s < s1) {
+        const int stage = (s - s0) % STAGES;
+        store(s, stage, dec[p]);
+        if (s + PF < s1) fetch(s + PF, dec[p]);
+        cp_wait<STAGES - 2>();
+        __syncthreads();
+        const int nx = s + STAGES - 1;
+        if (nx < s1) xt.issue(sbase + ((nx - s0) % STAGES) * S::BYTES, nx);
+        cp_commit();
+        const u8* cur = smem + stage * S::BYTES;
 #pragma unroll 1
-    for (int c = 0; c < 4; ++c) mmq_chunk<NS, KIND, WN, WM, TN, TM>(cur, c, acc, lane, wn, 0);
+        for (int c = 0; c < 4; ++c) mmq_chunk<NS, KIND, WN, WM, TN, TM>(cur, c, acc, lane, wn, 0);
+      }
+    }
   }
 
   const int g = lane >> 2, t = lane & 3;

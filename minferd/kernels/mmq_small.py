@@ -24,8 +24,13 @@ from .mmq import BK, ROWB, SUPPORTED, _SCALES, quantize_rows
 from .quant import TYPES, QuantType, by_name
 
 MIN_M, MAX_M = 9, 64  # below: the mat-vec kernels; above: the prefill GEMMs
-WN, MINB, STAGES = 4, 3, 2  # warps (16 weight rows each), CTAs per SM the registers allow, stages
+WN = 4  # warps a CTA, 16 weight rows each
 BN = 16 * WN
+# name -> (CTAs per SM the registers are held to, shared-memory stages, K steps of raw W in
+# registers ahead of the one computing). bench/mmq_small.py times them; CONFIG runs.
+CONFIGS: dict[str, tuple[int, int, int]] = {"base": (3, 2, 1), "occ6": (6, 2, 1), "pf2": (3, 2, 2), "occ6pf2": (6, 2, 2)}
+CONFIG = "base"
+SWEPT = ("Q4_K", "Q6_K")  # the types every config is built for (the rest: CONFIG only)
 TMS = (2, 4, 8)  # 8-token tiles per warp: the CTA holds BM = 8 * TM tokens (16, 32, 64)
 MAX_PART_BYTES = 16 << 20  # the split partials of one matmul (mmq_small.cu: part)
 CTAS_PER_SM = 4  # the split aims for this many CTAs per SM
@@ -46,12 +51,15 @@ def tile_m(M: int) -> int:
     return next(8 * tm for tm in TMS if 8 * tm >= M)
 
 
-def kernel_name(qt: QuantType, tm: int) -> str:
-    return f"mmq_small<{qt.ggml_id}, {WN}, {tm}, {MINB}, {STAGES}>"
+def kernel_name(qt: QuantType, tm: int, config: str = CONFIG) -> str:
+    minb, stages, pf = CONFIGS[config]
+    return f"mmq_small<{qt.ggml_id}, {WN}, {tm}, {minb}, {stages}, {pf}>"
 
 
 def names() -> tuple[str, ...]:
-    return tuple(kernel_name(TYPES[t], tm) for t in sorted(SUPPORTED) for tm in TMS)
+    out = {kernel_name(TYPES[t], tm) for t in sorted(SUPPORTED) for tm in TMS}
+    out |= {kernel_name(TYPES[t], tm, c) for t in SWEPT for tm in TMS for c in CONFIGS}
+    return tuple(sorted(out))
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,14 +70,14 @@ def _fn(name: str, smem: int = 0):
     return f
 
 
-def smem_bytes(qt: QuantType, M: int) -> int:
-    """STAGES stages of mmq_tile.cuh's Stage layout for BN rows and tile_m(M) tokens."""
+def smem_bytes(qt: QuantType, M: int, config: str = CONFIG) -> int:
+    """The config's stages of mmq_tile.cuh's Stage layout for BN rows and tile_m(M) tokens."""
     bm = tile_m(M)
     ns, kind = _SCALES[qt.name]
     stage = BN * ROWB + 2 * bm * ROWB + 4 * BN * ns * 4
     stage += 4 * bm * 4 if kind == 1 else 0
     stage += 4 * bm * 8 if kind == 3 else 0
-    return STAGES * stage
+    return CONFIGS[config][1] * stage
 
 
 @dataclass(frozen=True)
@@ -166,12 +174,16 @@ def _check_f32(a, shape, what: str) -> None:
         raise ValueError(f"mmq_small: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
-def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None, stream=None) -> None:
+def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None, stream=None,
+              config: str = CONFIG) -> None:
     """out (M, N) = xq's x @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: a type in SUPPORTED; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
-    part: f32 scratch of >= part_bytes(M, N, K) bytes when that is not 0 (None: allocated)."""
+    part: f32 scratch of >= part_bytes(M, N, K) bytes when that is not 0 (None: allocated);
+    config: a CONFIGS key (other than CONFIG only for the SWEPT types: benchmarks, tests)."""
     qt = _qt(qt)
+    if config != CONFIG and (config not in CONFIGS or qt.name not in SWEPT):
+        raise ValueError(f"mmq_small: config {config!r} is not built for {qt.name}")
     if qt.name not in SUPPORTED:
         raise ValueError(f"mmq_small: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
     M, K = xq.M, xq.K
@@ -195,10 +207,10 @@ def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None
             part = cupy.empty(need // 4, cupy.float32)
         elif need and (part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need):
             raise ValueError(f"mmq_small: part must be contiguous float32 of >= {need} bytes")
-        smem = smem_bytes(qt, M)
+        smem = smem_bytes(qt, M, config)
         steps = -(-(xq.Kp // BK) // s)
         ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
-        _fn(kernel_name(qt, tile_m(M) // 8), smem)(
+        _fn(kernel_name(qt, tile_m(M) // 8, config), smem)(
             (1, -(-N // BN), s), (WN * 32,),
             (w, np.int64(rb), np.int32(K // qt.block_elems), np.int32(N), np.int32(M), np.int32(xq.Mp),
              np.int32(xq.Kp), np.int32(steps), np.uint64(xq.xq), np.uint64(xq.xd), np.uint64(xq.xs),

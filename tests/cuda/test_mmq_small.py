@@ -115,3 +115,18 @@ def test_checks_arguments(to_device):
         ms.mmq_small(qt, w, xq, cp.zeros((16, 64), cp.float32), bias=cp.zeros(63, cp.float32))
     with pytest.raises(ValueError, match="outside"):
         ms.quantize(cp.zeros((65, 256), cp.float32))
+
+
+@pytest.mark.parametrize("name", ms.SWEPT)
+@pytest.mark.parametrize("config", sorted(ms.CONFIGS))
+@pytest.mark.parametrize("M", [16, 40, 64])
+def test_every_config(name, config, M, to_device):
+    """Each config bench/mmq_small.py times (deeper register prefetch, more CTAs per SM) gives
+    the reference's products, with K split and over a partial row tile."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(M + len(config))
+    K = qt.block_elems * n_blocks(qt, 7)
+    raw = random_blocks(qt, 100, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    err = rel_err(run(qt, to_device(raw), x, config=config), reference(qt, raw, x))
+    assert err < TOL, f"{name} {config} M={M}: rel err {err:.2e}"
