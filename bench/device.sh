@@ -26,7 +26,14 @@ OUT=${OUT:-/tmp/minferd-out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.devcarry/cupy_cache}
 mkdir -p "$CUPY_CACHE_DIR"
 # One tar: the device tool returns a bounded number of files.
-trap 'tar -C "$CUPY_CACHE_DIR" -czf "$OUT/cupy_cache.tgz" . 2>/dev/null; ls -la "$OUT/cupy_cache.tgz"' EXIT
+# At most 8 files come back: past 7 (the cache is the 8th), the JSON files travel as one tar.
+pack() {
+  if [ "$(ls "$OUT" | wc -l)" -gt 7 ] && ls "$OUT"/*.json > /dev/null 2>&1; then
+    tar -C "$OUT" -czf "$OUT/json.tgz" $(cd "$OUT" && ls *.json) && rm -f "$OUT"/*.json
+  fi
+  tar -C "$CUPY_CACHE_DIR" -czf "$OUT/cupy_cache.tgz" . 2>/dev/null; ls -la "$OUT/cupy_cache.tgz"
+}
+trap pack EXIT
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
 q7b() { [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf; }
@@ -108,9 +115,15 @@ if [ "$stage" = batch ]; then
     2>&1 | tee "$OUT/crossover.log" | tail -3
 fi
 if [ "$stage" = small ]; then
-  # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py).
+  # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
+  # then (CLIENTS set) serve.py's rounds alone.
   TESTS=tests/cuda/test_mmq_small.py cuda_tests ${TEST_LIMIT:-150}
   python3 bench/mmq_small.py --json "$OUT/mmq_small.json" 2>&1 | tee "$OUT/mmq_small.log"
+  if [ -n "${CLIENTS:-}" ]; then
+    q7b
+    timeout 200 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients $CLIENTS --prompt-tokens 512 \
+      --gen-tokens 128 --json "$OUT/serve.json" 2>&1 | tee "$OUT/serve.log" | tail -8
+  fi
 fi
 if [ "$stage" = cold ]; then
   q7b
@@ -121,14 +134,15 @@ if [ "$stage" = cold ]; then
     echo "# the 7B's first token with an empty cache"; CUPY_CACHE_DIR=/tmp/cold-b first; } 2>&1 | tee "$OUT/cold.log"
 fi
 if [ "$stage" = serve ]; then
-  # The build runs while the tests and the single-stream bench do; the serving bench waits for it
-  # (the daemon's compute threads run niced: sixteen compiler jobs beside them starved its engine).
+  # The build runs while the tests do; the benches wait for it (the daemon's compute threads run
+  # niced: sixteen compiler jobs beside them starved its engine).
+  # The single-stream bench waits for the build too: s8's ran beside it and lost ~6%.
   (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
   cuda_tests ${TEST_LIMIT:-300}
   q7b
+  wait $build; built=$?
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512 -n 128 -d 0,4096,16384 -r 3 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -8
-  wait $build; built=$?
   timeout 300 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients ${CLIENTS:-1,4,16,64} --prompt-tokens 512 \
     --gen-tokens 128 --shared-prefix 2000 --json "$OUT/serve.json" 2>&1 | tee "$OUT/serve.log" | tail -20
   if [ $built = 0 ]; then
