@@ -5,7 +5,7 @@ from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not 
     python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F] [--graph]
 
 Kernels: mmvq (mat-vec, n <= 8, quantized bytes), small (mmq_small: int8 mma, quantized bytes
-read once, n <= 64), cublas (the f16 copy: W16 plans only), tiles
+read once, n <= 64), tc (tcgemv: f16 mma, weights decoded in registers, n <= 64), cublas (the f16 copy: W16 plans only), tiles
 (dequantize row tiles into scratch + cuBLAS), fused_b (f16 mma, B decoded in registers), mmq
 (int8 mma). CUDA events around INNER calls in a row, median of --reps after warm-up; the input
 conversion each needs (int8 quantization, the f16 cast) is counted in it. (The committed table
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]
 NS = "1,2,4,8,12,16,24,32,48,64,96,128,256,512,1024,2048"
-KERNELS = ("mmvq", "small", "cublas", "tiles", "fused_b", "mmq")
+KERNELS = ("mmvq", "small", "tc", "cublas", "tiles", "fused_b", "mmq")
 INNER = 10  # calls per timed sample
 
 
@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     from minferd.kernels.mmq_small import MAX_M as SMALL_MAX, SUPPORTED as SMALL_TYPES, mmq_small, part_bytes, \
         quantize, sm_count, x_bytes
     from minferd.kernels.mmvq import MAX_COLS, mmvq
+    from minferd.kernels.tcgemv import SUPPORTED as TC_TYPES, part_bytes as tc_part_bytes, prepare_x, tcgemv, \
+        x_bytes as tc_x_bytes
     from minferd.kernels.quant import TYPES
     from minferd.kernels.random_blocks import random_blocks
     from minferd.kernels.tiles import gemm_tiles
@@ -107,6 +109,10 @@ def main(argv=None) -> int:
                     xbuf = cp.empty(x_bytes(n, K), cp.uint8)
                     part = cp.empty(max(part_bytes(n, N, K, sms), 4) // 4, cp.float32)
                     makers["small"] = lambda w, w16: lambda: mmq_small(qt, w, quantize(x, xbuf), y, part=part)
+                if name in TC_TYPES and n <= SMALL_MAX:
+                    x16buf = cp.empty(tc_x_bytes(n, K), cp.uint8)
+                    tpart = cp.empty(max(tc_part_bytes(n, N, K, qt, sms), 4) // 4, cp.float32)
+                    makers["tc"] = lambda w, w16: lambda: tcgemv(qt, w, prepare_x(x, x16buf), y, part=tpart)
                 us = {}
                 for k, make in makers.items():
                     try:

@@ -11,7 +11,7 @@
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
 #   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
 #            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
-#   small    mmq_small's tests, then every config timed in graphs beside cuBLAS (bench/mmq_small.py)
+#   small    mmq_small's and tcgemv's tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
@@ -107,9 +107,9 @@ if [ "$stage" = batch ]; then
     python3 bench/profile_ops.py /tmp/q7b.gguf --path $p --batch ${BATCHES:-1,4,16,64} --top 14 \
       2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   done
-  # The same batches with mmq_small off (batches of 9-64 on the gate table's kernels, as before it).
-  echo "# MINFERD_SMALL_BATCH=off" >> "$OUT/profile.log"
-  MINFERD_SMALL_BATCH=off python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --batch 16,64 --top 14 \
+  # The same batches with every matmul of 9-64 rows on tcgemv (the gate table has no rows of it yet).
+  echo "# MINFERD_PREFILL_KERNEL=tc" >> "$OUT/profile.log"
+  MINFERD_PREFILL_KERNEL=tc python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --batch 16,64 --top 14 \
     2>&1 | tee -a "$OUT/profile.log" | grep '^#'
   python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
     2>&1 | tee "$OUT/crossover.log" | tail -3
@@ -117,7 +117,7 @@ fi
 if [ "$stage" = small ]; then
   # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
   # then (CLIENTS set) serve.py's rounds alone.
-  TESTS=tests/cuda/test_mmq_small.py cuda_tests ${TEST_LIMIT:-150}
+  TESTS="tests/cuda/test_mmq_small.py tests/cuda/test_tcgemv.py" cuda_tests ${TEST_LIMIT:-150}
   python3 bench/mmq_small.py --json "$OUT/mmq_small.json" 2>&1 | tee "$OUT/mmq_small.log"
   if [ -n "${CLIENTS:-}" ]; then
     q7b

@@ -1,4 +1,4 @@
-"""Every mmq_small config (minferd/kernels/mmq_small.py CONFIGS) on Qwen2.5-7B's matrix shapes,
+"""Every mmq_small config (minferd/kernels/mmq_small.py CONFIGS) and tcgemv on Qwen2.5-7B's shapes,
 timed as a decode step runs it: INNER launches in one CUDA graph over weight copies that defeat
 the L2 (bench/kernels.py), the x quantization included (once per launch), beside cuBLAS on the
 f16 copy. Also what each reaches of the HBM: the quantized bytes per microsecond.
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from kernels import copies_for, time_graph
-    from minferd.kernels import mmq_small as ms
+    from minferd.kernels import mmq_small as ms, tcgemv as tc
     from minferd.kernels.cublas import gemm_f32
     from minferd.kernels.dequant import dequant_f16
     from minferd.kernels.quant import TYPES
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     sms = ms.sm_count(0)
     rng = np.random.default_rng(0)
     rows = []
-    names = list(ms.CONFIGS) + ["cublas"]
+    names = list(ms.CONFIGS) + ["tc", "cublas"]
     print(f"{'type':5s} {'N x K':>13s} {'n':>3s} " + " ".join(f"{c:>9s}" for c in names) + "  (us; best GB/s)")
     for name in args.types.split(","):
         qt = TYPES[name]
@@ -61,11 +61,17 @@ def main(argv=None) -> int:
                     make = lambda i, c=c: lambda: ms.mmq_small(qt, ws[i % copies], ms.quantize(x, xbuf), y,  # noqa: E731
                                                                part=part, config=c)
                     us[c] = round(time_graph(cp, [make(i) for i in range(INNER)], args.reps) * 1e6, 2)
+                if name in tc.SUPPORTED:
+                    x16buf = cp.empty(tc.x_bytes(n, K), cp.uint8)
+                    tpart = cp.empty(max(tc.part_bytes(n, N, K, qt, sms), 4) // 4, cp.float32)
+                    us["tc"] = round(time_graph(cp, [lambda i=i: tc.tcgemv(qt, ws[i % copies], tc.prepare_x(x, x16buf), y,
+                                                                           part=tpart) for i in range(INNER)],
+                                                args.reps) * 1e6, 2)
                 us["cublas"] = round(time_graph(cp, [lambda i=i: gemm_f32(x.astype(cp.float16), w16s[i % copies], y)
                                                      for i in range(INNER)], args.reps) * 1e6, 2)
-                best = min(us[c] for c in ms.CONFIGS)
+                best = min(us[c] for c in (*ms.CONFIGS, "tc") if c in us)
                 rows.append({"type": name, "N": N, "K": K, "n": n, "us": us, "best_gbs": round(w.nbytes / best / 1e3, 1)})
-                print(f"{name:5s} {N:6d} x {K:<5d} {n:3d} " + " ".join(f"{us[c]:9.1f}" for c in names)
+                print(f"{name:5s} {N:6d} x {K:<5d} {n:3d} " + " ".join(f"{us.get(c, float('nan')):9.1f}" for c in names)
                       + f"  {rows[-1]['best_gbs']:.0f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

@@ -51,7 +51,7 @@ MAX_HEADER_BYTES = 256 << 20  # a GGUF's metadata and tensor table (the real gem
 VALVES = {
     "MINFERD_NO_W16CACHE": "1 forbids the f16 copy for every model",
     "MINFERD_FUSED_B": "1 plans every model FUSED_B",
-    "MINFERD_PREFILL_KERNEL": "mmq | fused_b | tiles: one prefill kernel for every no-copy matmul",
+    "MINFERD_PREFILL_KERNEL": "mmq | fused_b | tiles | small | tc: one kernel for every matmul past 8 rows it can run",
     "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
     "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
     "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",

@@ -53,7 +53,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     more for the MMQ kernel's slice of unpacked weights (CudaBackend gives it an eighth). The flash
     prefill kernel keeps scores in registers; only head dims it lacks pay for f32 scores over
     the whole context (at 32k tokens of context that term alone was 7.5 GB for a 7B model)."""
-    from minferd.kernels import mmq_small  # NumPy only
+    from minferd.kernels import mmq_small, tcgemv  # NumPy only
     from minferd.kernels.attn_prefill import HEAD_DIMS  # NumPy only
     n, f32, f16 = max_batch, 4, 2
     widest = max(spec.hidden, spec.ffn, spec.q_dim)
@@ -71,8 +71,9 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     row = 6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32 + spec.ffn * (3 * f32 + 2 * f16)
     partials = DECODE_PARTIAL_ROWS * spec.q_dim * f32 + (2 << 20)
     decode = 511 * (row + spec.n_vocab * f32 + 2 * spec.hidden) + 9 * partials
-    # mmq_small's x and split partials: the eager pool's and the 16-, 32- and 64-row graphs' own
-    decode += 4 * mmq_small.scratch_bound(widest)
+    # mmq_small's (or tcgemv's) x and split partials: the eager pool's and the 16-, 32- and
+    # 64-row graphs' own
+    decode += 4 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
     total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20) + CUBLAS_WORKSPACE_BYTES
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 

@@ -25,7 +25,7 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.tiles import gemm_tiles
-from minferd.kernels import mmq_small
+from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.quant import QuantType, row_bytes
@@ -68,7 +68,7 @@ class CudaBackend(Backend):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
         self.bind_thread()  # the load's thread: the stream and the uploads belong to this device
         self.matmul_path = str(getattr(matmul_path, "value", matmul_path))
-        # One kernel for every prefill matmul it can run (bench and tests; else the gate table's).
+        # One kernel for every matmul past 8 rows it can run (bench and tests; else the gate table's).
         self.prefill_kernel = valve("MINFERD_PREFILL_KERNEL")
         self.small_batch = valve("MINFERD_SMALL_BATCH") != "off"
         self.in_graph = False  # a decode graph is being captured (see capturing)
@@ -177,9 +177,12 @@ class CudaBackend(Backend):
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
-        if kernel == "small":  # bias and residual ride in its epilogue
-            mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=None if bias is None else bias.data,
-                                residual=residual)
+        if kernel in ("small", "tc"):  # bias and residual ride in their epilogues
+            b = None if bias is None else bias.data
+            if kernel == "small":
+                mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
+            else:
+                tcgemv.tcgemv(w.qtype, w.data, self._tc_x(x), out, bias=b, residual=residual)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -213,14 +216,17 @@ class CudaBackend(Backend):
         tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B. Up to 64 rows
         mmq_small competes with both (bench/crossover.py --graph: it wins for the quantized
         plans, and against cuBLAS only on Q4_K's large matrices at 9-16 rows)."""
-        # A decode batch of 9-64 rows may read the quantized bytes once (mmq_small) instead.
-        small = ("small",) if n <= mmq_small.MAX_M and self.small_batch and w.qtype.name in mmq_small.SUPPORTED else ()
+        # A decode batch of 9-64 rows may read the quantized bytes once (mmq_small, tcgemv) instead.
+        small = () if n > mmq_small.MAX_M or not self.small_batch else \
+            (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())
         if w.w16 is not None and n >= self.w16_min_tokens:
-            return ("cublas",) + small
-        # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
-        # one more copy per bucket; decode batches take the kernels that need none.
-        tiles = () if self.in_graph else ("tiles",)
-        allowed = small + ("fused_b",) + tiles + (("mmq",) if self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES else ())
+            allowed = ("cublas",) + small
+        else:
+            # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
+            # one more copy per bucket; decode batches take the kernels that need none.
+            tiles = () if self.in_graph else ("tiles",)
+            mmq_ok = self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES
+            allowed = small + ("fused_b",) + tiles + (("mmq",) if mmq_ok else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):
@@ -257,6 +263,13 @@ class CudaBackend(Backend):
         if self._xm is None or self._xm[0] != _key(x):
             self._xm = None
             self._xm = (_key(x), x, mmq_small.quantize(x))
+        return self._xm[2]
+
+    def _tc_x(self, x):
+        """x in tcgemv's f16 layout, once per array and pass (in the slot mmq_small's format uses)."""
+        if self._xm is None or self._xm[0] != (_key(x), "tc"):
+            self._xm = None
+            self._xm = ((_key(x), "tc"), x, tcgemv.prepare_x(x))
         return self._xm[2]
 
     def _as_f16(self, x):

@@ -217,5 +217,12 @@ def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None
              np.uint64(xq.xs16), out, ptr(bias), ptr(residual), ptr(part if need else None)),
             shared_mem=smem)
         if need:
-            _fn("mmq_split_sum")(((M * N + 255) // 256,), (256,),
-                                 (part, np.int32(s), np.int32(M), np.int32(N), ptr(bias), ptr(residual), out))
+            split_sum(part, s, M, N, bias, residual, out)
+
+
+def split_sum(part, s: int, M: int, N: int, bias, residual, out) -> None:
+    """out (M, N) = the s partials part[z][m][n] summed in order, + bias + residual (None: none),
+    on the current stream (tcgemv's splits too)."""
+    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
+    _fn("mmq_split_sum")(((M * N + 255) // 256,), (256,),
+                         (part, np.int32(s), np.int32(M), np.int32(N), ptr(bias), ptr(residual), out))

@@ -10,7 +10,7 @@ import pytest
 from minferd.backend import gates
 from minferd.errors import InvalidRequest
 
-KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq", "small"}
+KERNELS = {"mmvq", "cublas", "tiles", "fused_b", "mmq", "small", "tc"}
 NO_COPY = ("fused_b", "tiles", "mmq")
 
 

@@ -1,0 +1,158 @@
+"""Launchers of tcgemv.cu: out (M, N) f32 = x (M, K) f32 @ dequant(W).T (+ bias) (+ residual) for
+batches of up to MAX_M tokens, W's quantized bytes decoded in registers into f16 mma fragments.
+
+Two calls, both only enqueue work on the current (or given) stream (no allocation when the
+caller passes the buffers, no synchronisation: safe inside CUDA graph capture):
+  - `prepare_x(x, buf)`: x into f16, every 4 elements as (0, 2, 1, 3), rows padded to a multiple
+    of 8 (tcgemv_x16), once per input however many matrices read it;
+  - `tcgemv(qt, w, x16, out, ...)`: the product, with K split over CTAs when the rows alone cannot
+    fill the GPU; the splits, the bias and the residual are added by mmq_small's split sum.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import module
+from .dequant import check_rows
+from .mmq_small import sm_count, split_sum
+from .quant import TYPES, QuantType, by_name
+
+SUPPORTED: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
+MAX_M = 64
+NT8S = (2, 4, 8)  # 8-token tiles: batches of <= 16, 32, 64
+KW = 4  # warps a CTA, splitting its rows' K between them
+CTAS_PER_SM = 4
+MAX_PART_BYTES = 16 << 20
+
+
+def _qt(qt) -> QuantType:
+    return by_name(qt) if isinstance(qt, str) else qt
+
+
+def nt8(M: int) -> int:
+    if not 1 <= M <= MAX_M:
+        raise ValueError(f"tcgemv: {M} tokens, outside 1..{MAX_M}")
+    return next(t for t in NT8S if 8 * t >= M)
+
+
+def row_tiles(M: int, qt: QuantType) -> int:
+    """16-row tiles a warp holds: two share each x fragment where x traffic would bind (33-64
+    tokens), but not for Q6_K, whose two tiles' decode state passes 255 registers (ptxas -v)."""
+    return 2 if nt8(M) == 8 and qt.name != "Q6_K" else 1
+
+
+def kernel_name(qt: QuantType, M: int) -> str:
+    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt)}, {KW}>"
+
+
+def names() -> tuple[str, ...]:
+    return tuple(kernel_name(TYPES[t], 8 * n) for t in sorted(SUPPORTED) for n in NT8S)
+
+
+@functools.lru_cache(maxsize=None)
+def _fn(name: str):
+    return module("tcgemv", names()).get_function(name)
+
+
+@dataclass(frozen=True)
+class X16:
+    """x as tcgemv reads it: f16 (M8, K) in `buf`, M8 = 8 * nt8(M)."""
+    M: int
+    K: int
+    buf: object
+
+
+def x_bytes(M: int, K: int) -> int:
+    return 8 * nt8(M) * K * 2
+
+
+def _stream(stream):
+    return stream if stream is not None else contextlib.nullcontext()
+
+
+def prepare_x(x, buf=None, *, stream=None) -> X16:
+    """x (M, K) f32 C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0, into buf (uint8 of
+    >= x_bytes(M, K), 16-aligned; None: from CuPy's current allocator)."""
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or x.data.ptr % 16:
+        raise ValueError(f"tcgemv: x must be C-contiguous 16-aligned float32 (M, K), got {x.dtype} {tuple(x.shape)}")
+    M, K = x.shape
+    if K == 0 or K % 32:
+        raise ValueError(f"tcgemv: K = {K} is not a positive multiple of 32")
+    need, m8 = x_bytes(M, K), 8 * nt8(M)
+    if buf is None:
+        import cupy
+        with _stream(stream):
+            buf = cupy.empty(need, cupy.uint8)
+    elif buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.nbytes < need or buf.data.ptr % 16:
+        raise ValueError(f"tcgemv: buf must be contiguous 16-aligned uint8 of >= {need} bytes")
+    groups = m8 * K // 4
+    with _stream(stream):
+        _fn("tcgemv_x16")(((groups + 255) // 256,), (256,), (x, np.int32(M), np.int32(K), np.int32(m8), buf))
+    return X16(M, K, buf)
+
+
+def splits(qt: QuantType, N: int, nb: int, M: int, sms: int) -> int:
+    """K splits (of whole blocks) per row tile: CTAS_PER_SM CTAs on every SM, the partials under
+    MAX_PART_BYTES, no split empty."""
+    tiles = -(-N // (16 * row_tiles(M, qt)))
+    s = max(1, min(nb // KW or 1, -(-CTAS_PER_SM * sms // tiles)))
+    while s > 1 and s * M * N * 4 > MAX_PART_BYTES:
+        s -= 1
+    return -(-nb // -(-nb // s))
+
+
+def part_bytes(M: int, N: int, K: int, qt, sms: int) -> int:
+    qt = _qt(qt)
+    s = splits(qt, N, K // qt.block_elems, M, sms)
+    return 0 if s == 1 else s * M * N * 4
+
+
+def scratch_bound(widest: int) -> int:
+    return x_bytes(MAX_M, widest) + MAX_PART_BYTES
+
+
+def _check_f32(a, shape, what: str) -> None:
+    if a.dtype != np.float32 or tuple(a.shape) != shape or not a.flags.c_contiguous:
+        raise ValueError(f"tcgemv: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
+
+
+def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=None) -> None:
+    """out (M, N) = x @ dequant(w).T (+ bias (N,)) (+ residual (M, N)), x as prepare_x made it.
+
+    qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
+    part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated)."""
+    qt = _qt(qt)
+    if qt.name not in SUPPORTED:
+        raise ValueError(f"tcgemv: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
+    M, K = x16.M, x16.K
+    if K % qt.block_elems:
+        raise ValueError(f"tcgemv: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
+    N = w.shape[0] if w.ndim == 2 else -1
+    rb = check_rows(qt, w, K)
+    _check_f32(out, (M, N), "out")
+    if bias is not None:
+        _check_f32(bias, (N,), "bias")
+    if residual is not None:
+        _check_f32(residual, (M, N), "residual")
+    if N == 0:
+        return
+    import cupy
+    nb = K // qt.block_elems
+    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id))
+    need = 0 if s == 1 else s * M * N * 4
+    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
+    with _stream(stream):
+        if need and part is None:
+            part = cupy.empty(need // 4, cupy.float32)
+        elif need and (part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need):
+            raise ValueError(f"tcgemv: part must be contiguous float32 of >= {need} bytes")
+        _fn(kernel_name(qt, M))((-(-N // (16 * row_tiles(M, qt))), s), (KW * 32,),
+                                (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
+                                 np.int32(-(-nb // s)), x16.buf, out, ptr(bias), ptr(residual),
+                                 ptr(part if need else None)))
+        if need:
+            split_sum(part, s, M, N, bias, residual, out)

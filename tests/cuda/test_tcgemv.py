@@ -1,0 +1,107 @@
+"""tcgemv.cu against an f64 reference: out = x @ dequant(W).T (+ bias) (+ residual) within 2e-3
+relative (||out - ref|| / ||ref||: x and the decoded weights are f16, as the W16 path's cuBLAS
+reads them), for each type, every token tile (M 1, 9, 16, 17, 33, 64), row counts that are no
+multiple of the 16/32-row tile, tensors starting one block in, K split and not, and the 7B's
+decode shapes. Outputs are poisoned with NaN first, so an element never written fails.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from minferd.kernels import tcgemv as tc  # noqa: E402
+from minferd.kernels.quant import TYPES  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
+from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err  # noqa: E402
+
+TOL = 2e-3
+NAMES = sorted(tc.SUPPORTED)
+
+
+def run(qt, w, x_h, bias=None, res=None, **kw):
+    out = poisoned((x_h.shape[0], w.shape[0]), cp.float32)
+    tc.tcgemv(qt, w, tc.prepare_x(cp.asarray(x_h)), out, bias=bias, residual=res, **kw)
+    return out
+
+
+def blocks(qt, n: int) -> int:
+    return qt.block_elems * n
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("M", [1, 9, 16, 17, 33, 64])
+def test_matches_reference(name, M, to_device):
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id * 100 + M)
+    K = blocks(qt, 7 if qt.block_elems == 256 else 45)
+    raw = random_blocks(qt, 72, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    for offset, sl in ((0, slice(0, 71)), (qt.block_bytes, slice(1, 72))):
+        w = to_device(raw, offset)[sl]
+        err = rel_err(run(qt, w, x), reference(qt, raw[sl], x))
+        assert err < TOL, f"{name} M={M} offset={offset}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("split", [True, False])
+def test_bias_residual_and_splits(name, split, to_device, monkeypatch):
+    qt = TYPES[name]
+    if not split:
+        monkeypatch.setattr(tc, "CTAS_PER_SM", 0)
+    rng = np.random.default_rng(9 + qt.ggml_id)
+    M, N, K = 24, 200, blocks(qt, 24)
+    assert (tc.splits(qt, N, K // qt.block_elems, M, tc.sm_count(cp.cuda.Device().id)) > 1) == split
+    raw = random_blocks(qt, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    err = rel_err(run(qt, to_device(raw), x, cp.asarray(bias), cp.asarray(res)), reference(qt, raw, x) + bias + res)
+    assert err < TOL, f"{name} split={split}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("name,N,K", [("Q4_K", 3584, 3584), ("Q4_K", 18944, 3584), ("Q6_K", 3584, 18944),
+                                       ("Q6_K", 152064, 3584), ("Q8_0", 512, 3584)])
+@pytest.mark.parametrize("M", [16, 64])
+def test_7b_decode_shapes(name, N, K, M, to_device):
+    qt = TYPES[name]
+    rng = np.random.default_rng(N + K + M)
+    raw = random_blocks(qt, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    err = rel_err(run(qt, to_device(raw), x), reference(qt, raw, x))
+    assert err < TOL, f"{name} {N}x{K} M={M}: rel err {err:.2e}"
+
+
+def test_deterministic_with_callers_buffers(to_device):
+    qt = TYPES["Q4_K"]
+    rng = np.random.default_rng(2)
+    M, N, K = 40, 700, 4096
+    raw = random_blocks(qt, N, K, rng)
+    w = to_device(raw)
+    x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32))
+    part = cp.empty(max(tc.part_bytes(M, N, K, qt, tc.sm_count(cp.cuda.Device().id)), 4) // 4, cp.float32)
+    xbuf = cp.empty(tc.x_bytes(M, K), cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    outs = []
+    for _ in range(2):
+        out = poisoned((M, N), cp.float32)
+        before = cp.get_default_memory_pool().used_bytes()
+        tc.tcgemv(qt, w, tc.prepare_x(x, xbuf, stream=stream), out, part=part, stream=stream)
+        assert cp.get_default_memory_pool().used_bytes() == before
+        stream.synchronize()
+        outs.append(out.get())
+    assert np.array_equal(outs[0], outs[1])
+    assert rel_err(cp.asarray(outs[0]), reference(qt, raw, x.get())) < TOL
+
+
+def test_checks_arguments(to_device):
+    qt = TYPES["Q4_K"]
+    w = to_device(random_blocks(qt, 64, 256, np.random.default_rng(0)))
+    x16 = tc.prepare_x(cp.zeros((16, 256), cp.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        tc.tcgemv(qt, w, x16, cp.zeros((16, 63), cp.float32))
+    with pytest.raises(ValueError, match="not supported"):
+        tc.tcgemv(TYPES["Q4_0"], w, x16, cp.zeros((16, 64), cp.float32))
+    with pytest.raises(ValueError, match="outside"):
+        tc.prepare_x(cp.zeros((65, 256), cp.float32))
