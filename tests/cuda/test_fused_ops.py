@@ -10,7 +10,8 @@ cp = pytest.importorskip("cupy")
 
 from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.base import Weight  # noqa: E402
-from minferd.backend.cuda import CudaBackend, DeviceMemory, gemm_f32  # noqa: E402
+from minferd.backend.cuda import CudaBackend, DeviceMemory  # noqa: E402
+from minferd.kernels.cublas import gemm_f32  # noqa: E402
 from minferd.kernels.mmvq import mmvq, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402

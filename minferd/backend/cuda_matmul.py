@@ -1,0 +1,175 @@
+"""The CUDA backend's matmuls: which kernel runs each one, and the input formats they read.
+
+Up to 8 rows the mat-vec kernels stream the quantized bytes (mmvq, x in their int8 format, which
+rmsnorm and the gated activation may already have written). Past that, each matmul takes the
+fastest kernel its plan allows from the gate table (gates.py): cuBLAS on the f16 copy, and the
+kernels that read the quantized bytes (mmq_small and tcgemv up to 64 rows; fused_b, dequantized
+tiles, mmq). An input that several matrices read (q/k/v, gate/up) is converted once per pass:
+one slot per format, keyed by the array, freed when the pass's scope ends.
+"""
+from __future__ import annotations
+
+import itertools
+
+import cupy as cp
+import numpy as np
+
+from minferd.backend import gates
+from minferd.backend.base import Weight
+from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS
+from minferd.kernels import mmq_small, tcgemv
+from minferd.kernels.cublas import gemm_f32
+from minferd.kernels.gemm_f16 import fused_b
+from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
+from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
+from minferd.kernels.tiles import gemm_tiles
+
+MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
+
+
+def key(x) -> tuple:
+    return x.data.ptr, x.shape, x.dtype.char
+
+
+class CudaMatmuls:
+    """The matmul half of CudaBackend (it keeps the state: arena, gate table, plan, slots)."""
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        n = x.shape[0]
+        if residual is not None:
+            residual = cp.ascontiguousarray(residual, dtype=cp.float32)
+        if n <= MMVQ_MAX_BATCH:
+            out = cp.empty((n, w.n_rows), cp.float32)
+            b = None if bias is None else bias.data
+            if w.qtype.is_quantized:
+                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual)
+            else:
+                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual)
+            return out
+        out = cp.empty((n, w.n_rows), cp.float32)
+        kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
+        if kernel in ("small", "tc"):  # bias and residual ride in their epilogues
+            b = None if bias is None else bias.data
+            if kernel == "small":
+                mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
+            else:
+                tcgemv.tcgemv(w.qtype, w.data, self._tc_x(x), out, bias=b, residual=residual)
+            return out
+        if kernel == "cublas":
+            gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
+        elif kernel == "mmq":
+            mmq(w.qtype, w.data, x, out, unpack_bytes=self._unpack_bytes())
+        elif kernel == "fused_b":
+            fused_b(w.qtype, w.data, self._as_f16(x), out)
+        else:
+            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, DEQUANT_ROWS, self._cublas_workspace())
+        if bias is not None:
+            out += bias.data
+        if residual is not None:
+            out += residual
+        return out
+
+    def _cublas_workspace(self):
+        """cuBLAS's workspace, from the arena once and kept (the estimate counts it)."""
+        if self._cublas_ws is None:
+            self._cublas_ws = cp.empty(CUBLAS_WORKSPACE_BYTES, cp.uint8)
+        return self._cublas_ws
+
+    def _unpack_bytes(self) -> int:
+        """mmq's slice of unpacked weights takes at most an eighth of the arena (the estimate
+        adds that eighth: devices.cuda_scratch_bytes)."""
+        return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.buf.nbytes // 8)
+
+    def _prefill_kernels(self, w: Weight, n: int) -> tuple[str, ...]:
+        """The kernels w's plan allows at n tokens, preferred first where the gate table ties.
+        With its f16 copy a matmul runs cuBLAS on it; without (a quantized plan, or a W16 model
+        whose copy was demoted) the kernels that read the quantized bytes: fused_b, dequantized
+        tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B. Up to 64 rows
+        mmq_small competes with both (bench/crossover.py --graph: it wins for the quantized
+        plans, and against cuBLAS only on Q4_K's large matrices at 9-16 rows)."""
+        # A decode batch of 9-64 rows may read the quantized bytes once (mmq_small, tcgemv) instead.
+        small = () if n > mmq_small.MAX_M or not self.small_batch else \
+            (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())
+        if w.w16 is not None and n >= self.w16_min_tokens:
+            allowed = ("cublas",) + small
+        else:
+            # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
+            # one more copy per bucket; decode batches take the kernels that need none.
+            tiles = () if self.in_graph else ("tiles",)
+            mmq_ok = self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES
+            allowed = small + ("fused_b",) + tiles + (("mmq",) if mmq_ok else ())
+        return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
+
+    def matmuls(self, x, ws, biases=None):
+        """A decode step's products of one input: neighbours of one quantized type share a launch."""
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        n = x.shape[0]
+        biases = list(biases or [None] * len(ws))
+        if n > MMVQ_MAX_BATCH:
+            return super().matmuls(x, ws, biases)
+        outs = []
+        for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
+            run = list(run)
+            for k in range(0, len(run), MMVQ_GROUP):
+                part = run[k:k + MMVQ_GROUP]
+                if len(part) == 1 or not part[0][0].qtype.is_quantized:
+                    outs += [self.matmul(x, w, b) for w, b in part]
+                    continue
+                group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
+                mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
+                           x_quantized=True, biases=[None if b is None else b.data for _, b in part])
+                outs += group
+        return outs
+
+    def _quantized(self, x):
+        """x (n <= 8, K) in the mat-vec kernels' int8 format: made once per array and pass."""
+        if self._xq is not None and self._xq[0] == key(x):
+            return self._xq[2]
+        scratch = self._new_xq(x)
+        quantize_x(x, scratch)
+        return scratch
+
+    def _mmq_x(self, x):
+        """x in mmq_small's format: made once per array and pass (q/k/v and gate/up share it)."""
+        if self._xm is None or self._xm[0] != key(x):
+            self._xm = None
+            self._xm = (key(x), x, mmq_small.quantize(x))
+        return self._xm[2]
+
+    def _tc_x(self, x):
+        """x in tcgemv's f16 layout, once per array and pass (in the slot mmq_small's format uses)."""
+        if self._xm is None or self._xm[0] != (key(x), "tc"):
+            self._xm = None
+            self._xm = ((key(x), "tc"), x, tcgemv.prepare_x(x))
+        return self._xm[2]
+
+    def _as_f16(self, x):
+        if self._x16 is not None and self._x16[0] == key(x):
+            return self._x16[2]
+        x16 = self._new_x16(x)
+        cp.copyto(x16, x, casting="same_kind")
+        return x16
+
+    def _new_x16(self, x):
+        """An f16 buffer for x's rounding, registered as x's (a producer may fill it directly)."""
+        self._x16 = None  # let the previous copy go before the next is made
+        x16 = cp.empty(x.shape, cp.float16)
+        self._x16 = (key(x), x, x16)
+        return x16
+
+
+    @staticmethod
+    def _feeds_matvec(x) -> bool:
+        """A 2-D activation of a decode-sized batch: what the next matmul quantizes."""
+        return x.ndim == 2 and x.shape[0] <= MMVQ_MAX_BATCH and x.shape[1] % 32 == 0
+
+    def _new_xq(self, x):
+        self._xq = None
+        scratch = cp.empty(xq_bytes(*x.shape), cp.uint8)
+        self._xq = (key(x), x, scratch)
+        return scratch
+
+    @staticmethod
+    def _xq_args(scratch, x) -> tuple:
+        off, kbp, _ = xq_layout(*x.shape)
+        return (np.uint64(scratch.data.ptr), np.uint64(scratch.data.ptr + off), np.int32(kbp))
