@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default=None, help="write the gate table the backend reads")
     ap.add_argument("--json", default=None)
     ap.add_argument("--graph", action="store_true", help="time inside CUDA graphs over L2-defeating weight copies")
+    ap.add_argument("--merge", default=None, help="a gate table whose rows of the measured (type, shape, n) "
+                                                  "this run replaces, the rest kept (e.g. --graph --ns 1,..,64)")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -131,7 +133,23 @@ def main(argv=None) -> int:
     for path in (args.table, args.json):
         if path:
             Path(path).write_text(text)
+    if args.merge:
+        Path(args.merge).write_text(merged(json.loads(Path(args.merge).read_text()), json.loads(text), args))
     return 0
+
+
+def merged(old: dict, new: dict, args) -> str:
+    """old's rows with those new measured again replaced, in (type, N, K, n) order; the provenance
+    of both in made_by and unit."""
+    key = lambda r: (r["type"], r["N"], r["K"], r["n"])  # noqa: E731
+    fresh = {key(r) for r in new["rows"]}
+    rows = sorted([r for r in old["rows"] if key(r) not in fresh] + new["rows"], key=key)
+    ns = sorted({r["n"] for r in new["rows"]})
+    head = {"device": new["device"],
+            "made_by": f"rows n in {ns}: python bench/crossover.py --merge{' --graph' if args.graph else ''} "
+                       f"--ns {args.ns}; the others: {old.get('made_by', '?')}",
+            "unit": f"rows n in {ns}: {new['unit']}; the others: {old.get('unit', '?')}"}
+    return json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]\n}\n"
 
 
 if __name__ == "__main__":

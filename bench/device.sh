@@ -111,8 +111,10 @@ if [ "$stage" = batch ]; then
   echo "# MINFERD_PREFILL_KERNEL=tc" >> "$OUT/profile.log"
   MINFERD_PREFILL_KERNEL=tc python3 bench/profile_ops.py /tmp/q7b.gguf --path w16 --batch 16,64 --top 14 \
     2>&1 | tee -a "$OUT/profile.log" | grep '^#'
-  python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
-    2>&1 | tee "$OUT/crossover.log" | tail -3
+  # The gate table with these graph-timed rows merged in (copy it back if the kernels it picks win).
+  cp minferd/backend/prefill_gates_h200.json "$OUT/gates.json"
+  python3 bench/crossover.py --graph --types Q4_K,Q6_K --ns ${NS:-1,2,4,8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
+    --merge "$OUT/gates.json" 2>&1 | tee "$OUT/crossover.log" | tail -3
 fi
 if [ "$stage" = small ]; then
   # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
