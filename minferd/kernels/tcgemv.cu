@@ -23,6 +23,7 @@
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_tcgemv.py).
 #include "blocks.cuh"
+#ifndef MINFERD_HOST_TEST  // tests/host/kernels_host.cpp has host twins of these, and of the mma
 #include "mma.cuh"
 
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
@@ -40,6 +41,7 @@ __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
 }
+#endif
 __device__ __forceinline__ u32 h2_of(float v) { return pack_h2(v, v); }
 // (1024 + lo) as two f16: bytes 0 and 2 of v (under the mask) OR'd into the exponent of 1024.
 constexpr u32 MAGIC_H2 = 0x64006400u;

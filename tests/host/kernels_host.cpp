@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cmath>
 #include <algorithm>
+#include <vector>
 #define MINFERD_HOST_TEST 1
 #define __device__
 #define __forceinline__ inline
@@ -58,6 +59,64 @@ static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigne
 #include "dequant.cu"
 #include "mmvq.cu"
 
+// tcgemv.cu's f16x2 arithmetic and mma, on _Float16 (one rounding each, as the PTX ops round).
+static inline float hlo(unsigned v) { return h2f((unsigned short)(v & 0xFFFF)); }
+static inline float hhi(unsigned v) { return h2f((unsigned short)(v >> 16)); }
+static inline unsigned h2pack(double lo, double hi) {
+  return (unsigned)f2h_rn((float)(_Float16)lo) | ((unsigned)f2h_rn((float)(_Float16)hi) << 16);
+}
+static inline unsigned pack_h2(float lo, float hi) { return h2pack(lo, hi); }
+static inline unsigned hsub2(unsigned a, unsigned b) { return h2pack((double)hlo(a) - hlo(b), (double)hhi(a) - hhi(b)); }
+static inline unsigned hmul2(unsigned a, unsigned b) { return h2pack((double)hlo(a) * hlo(b), (double)hhi(a) * hhi(b)); }
+static inline unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+  return h2pack((double)hlo(a) * hlo(b) + hlo(c), (double)hhi(a) * hhi(b) + hhi(c));
+}
+static inline void mma16816(float*, const unsigned*, unsigned, unsigned) {}  // the kernel's; twin below
+#include "tcgemv.cu"
+
+// One warp of tcgemv over all of K for 16-row tiles, lane by lane through TcW (the kernel's own
+// fetch / frag / xoff), then mma.sync m16n8k16's product from the 32 lanes' fragments, by the PTX
+// fragment layout: lane (g, c) holds A rows g, g+8 at k {2c, 2c+1} (regs 0, 1) and {2c+8, 2c+9}
+// (regs 2, 3); B's k {2c, 2c+1} and {2c+8, 2c+9} of column g; D rows g, g+8 at columns 2c, 2c+1.
+template <int T> static void tcgemv_rows(const u8* w, int rows, int K, const u16* x16, int M, float* out) {
+  typedef TcW<T> W;
+  const long long rb = (long long)K / W::QK * W::BB;
+  const int nb = K / W::QK, m8 = (M + 7) / 8 * 8;
+  std::vector<double> acc((size_t)rows * m8, 0.0);
+  for (int r0 = 0; r0 < rows; r0 += 16)
+    for (int b = 0; b < nb; ++b)
+      for (int k = 0; k < W::STEPS; ++k) {
+        float A[16][16], B[16][64];  // logical (row, k) and (k, token)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, c = lane & 3;
+          unsigned a[4];
+          for (int h = 0; h < 2; ++h) {
+            W wt;
+            wt.fetch(w + (long long)std::min(r0 + g + 8 * h, rows - 1) * rb + (long long)b * W::BB, c);
+            wt.frag(k, a[h], a[2 + h]);
+          }
+          for (int h = 0; h < 2; ++h) {  // reg h: row g + 8h, k 2c, 2c+1; reg 2+h: k 2c+8, 2c+9
+            A[g + 8 * h][2 * c] = hlo(a[h]); A[g + 8 * h][2 * c + 1] = hhi(a[h]);
+            A[g + 8 * h][2 * c + 8] = hlo(a[2 + h]); A[g + 8 * h][2 * c + 9] = hhi(a[2 + h]);
+          }
+          for (int n = 0; n < m8 / 8; ++n) {
+            uint2 xv;
+            memcpy(&xv, x16 + (long long)(8 * n + g) * K + (long long)b * W::QK + W::xoff(k, c), 8);
+            B[2 * c][8 * n + g] = hlo(xv.x); B[2 * c + 1][8 * n + g] = hhi(xv.x);
+            B[2 * c + 8][8 * n + g] = hlo(xv.y); B[2 * c + 9][8 * n + g] = hhi(xv.y);
+          }
+        }
+        for (int i = 0; i < 16 && r0 + i < rows; ++i)
+          for (int m = 0; m < m8; ++m) {
+            double s = 0;
+            for (int kk = 0; kk < 16; ++kk) s += (double)A[i][kk] * B[kk][m];
+            acc[(size_t)(r0 + i) * m8 + m] += s;
+          }
+      }
+  for (int r = 0; r < rows; ++r)
+    for (int m = 0; m < M; ++m) out[(long long)m * rows + r] = (float)acc[(size_t)r * m8 + m];
+}
+
 template <int T> static void dec_rows(const u8* w, int rows, int K, float* out) {
   const long long rb = (long long)K / Blk<T>::QK * Blk<T>::BB;
   for (int r = 0; r < rows; ++r)
@@ -91,6 +150,23 @@ extern "C" int dec(int t, const u8* w, int rows, int K, float* out) {
     C(0) C(1) C(30) C(2) C(3) C(6) C(7) C(8) C(10) C(11) C(12) C(13) C(14) C(20) C(23) C(39)
   }
   return 1;
+}
+// x (M, K) f32 -> the kernel's x16 (tcgemv_x16, thread by thread), then the warp twin above.
+extern "C" int tc(int t, const u8* w, int rows, int K, const float* x, int M, u16* x16, float* out) {
+  misaligned = 0;
+  const int m8 = (M + 7) / 8 * 8;
+  blockDim.x = 256;
+  for (long long i = 0; i < (long long)m8 * K / 4; ++i) {
+    blockIdx.x = (unsigned)(i / 256), threadIdx.x = (unsigned)(i % 256);
+    tcgemv_x16(x, M, K, m8, reinterpret_cast<u32*>(x16));
+  }
+  switch (t) {
+    case 8: tcgemv_rows<8>(w, rows, K, x16, M, out); break;
+    case 12: tcgemv_rows<12>(w, rows, K, x16, M, out); break;
+    case 14: tcgemv_rows<14>(w, rows, K, x16, M, out); break;
+    default: return 1;
+  }
+  return misaligned ? 2 : 0;
 }
 extern "C" int mv(int t, const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
   misaligned = 0;
