@@ -59,6 +59,8 @@ class Scheduler:
     def _make_room(self, seq: Sequence, n: int, step) -> bool:
         """Preempt the newest sequences not yet in this step until seq's n tokens fit; seq itself
         last (then it waits, and False)."""
+        if self.blocks.can_grow(seq, n):  # the common case: no set built per sequence and step
+            return True
         scheduled = {s.id for s, _ in step}
         while not self.blocks.can_grow(seq, n):
             victims = [s for s in self.running if s.id not in scheduled and s is not seq]

@@ -270,3 +270,20 @@ def test_a_step_as_rows_gives_the_mixed_steps_logits(synth_model):
         out = m.forward_batch(step, cache) if how == "mixed" else m.forward_batch(rows, cache)[step.last_rows()]
         outs.append(np.asarray(out))
     assert np.abs(outs[0] - outs[1]).max() <= 1e-4 * np.abs(outs[0]).max()
+
+
+def test_a_decode_batch_is_built_as_the_general_path_builds_it():
+    """Batch.build's decode fast path (one token per sequence) against the general path's arrays
+    for the same step: the first sequence given a second token takes the general path."""
+    from minferd.backend.batch import Batch
+    rng = np.random.default_rng(4)
+    seqs = [([int(rng.integers(0, 999))], int(p), [int(b) for b in rng.permutation(40)[:n]])
+            for p, n in zip(rng.integers(1, 60, 9), rng.integers(4, 9, 9))]
+    fast = Batch.build(seqs, 16, width=10)
+    general = Batch.build([([7] + seqs[0][0], seqs[0][1] - 1, seqs[0][2])] + seqs[1:], 16, width=10)
+    assert fast.is_decode and not general.is_decode
+    for name in ("ids", "positions", "slots"):
+        assert (getattr(fast, name) == getattr(general, name)[1:]).all(), name
+    assert (fast.ctx_lens == general.ctx_lens).all() and (fast.block_tables == general.block_tables).all()
+    assert fast.q_starts.tolist() == list(range(10)) and all(a.dtype == np.int32 for a in (
+        fast.ids, fast.positions, fast.slots, fast.q_starts, fast.ctx_lens, fast.block_tables))
