@@ -206,6 +206,8 @@ class StopChecker:
         """Returns (text safe to emit now, whether a stop string has been reached)."""
         if self.stopped:
             return "", True
+        if not self._stops:  # most requests: nothing to hold back (a decode step feeds every sequence)
+            return piece, False
         text = self._pending + piece
         hit = self._first_match(text)
         hold = self._first_partial(text)
