@@ -3,8 +3,8 @@
 A fresh machine (a new container, CI runner or DaemonSet node) compiled ~26 s of NVRTC inside
 its first prefill. Each kernels/*.cu is one module compiled whole on first use, so running every
 module once is enough: a tiny synthetic model is served the daemon's way (a host, its engine,
-batched sequences, sampling on the device) under each plan and each prefill kernel, prompts
-longer and shorter than the mat-vec batch. Where the cache lives: CUPY_CACHE_DIR (default
+batched sequences, sampling on the device) under each plan and each kernel past 8 rows, in
+steps of more than 64 rows (eager), 9-64 (a decode graph) and at most 8 (the mat-vec kernels). Where the cache lives: CUPY_CACHE_DIR (default
 ~/.cupy/kernel_cache); an image bakes it by running this at build time on its target GPU.
 On the CPU there is nothing to compile; the same run checks the serving path end to end.
 """
@@ -26,10 +26,15 @@ from minferd.host import Host, LoadOptions
 from minferd.model.sampler import SamplingParams
 from minferd.model.synth import write_model
 
-# (architecture, plan, prefill kernel forced): every kernel module runs at least once.
+# (architecture, plan, kernel forced past 8 rows): every kernel module runs at least once.
 RUNS = [("qwen2", MatmulPath.W16, None), ("qwen2", MatmulPath.MMQ, "mmq"), ("qwen2", MatmulPath.MMQ, "tiles"),
-        ("qwen2", MatmulPath.FUSED_B, "fused_b"), ("gemma3", MatmulPath.W16, None)]
-PROMPTS = (40, 5, 17)  # past and under the mat-vec batch of 8: prefill kernels, then decode ones
+        ("qwen2", MatmulPath.FUSED_B, "fused_b"), ("qwen2", MatmulPath.MMQ, "small"), ("qwen2", MatmulPath.W16, "tc"),
+        ("gemma3", MatmulPath.W16, None)]
+# Together past the 64 rows a decode graph takes (the eager prefill kernels), then decode steps of
+# three sequences (the mat-vec kernels); then one prompt of 9-64 tokens alone (a graph replay of
+# 32 rows: the small-batch kernels).
+PROMPTS = (80, 5, 17)
+SHORT_PROMPT = 30
 SAMPLING = (SamplingParams(temperature=0, max_tokens=6),
             SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, max_tokens=6, seed=1),
             SamplingParams(temperature=1.0, top_k=0, max_tokens=6, seed=2))  # top_k 0: the host sampler
@@ -100,6 +105,7 @@ def _serve_once(host: Host, name: str) -> None:
         t.start()
     for t in threads:
         t.join()
+    one(SHORT_PROMPT, SAMPLING[0])
     if errors:
         raise errors[0]
 
