@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     sms = ms.sm_count(0)
     rng = np.random.default_rng(0)
     rows = []
-    names = list(ms.CONFIGS) + ["tc", "cublas"]
+    names = list(ms.CONFIGS) + [f"tc_{c}" for c in tc.CONFIGS] + ["cublas"]
     print(f"{'type':5s} {'N x K':>13s} {'n':>3s} " + " ".join(f"{c:>9s}" for c in names) + "  (us; best GB/s)")
     for name in args.types.split(","):
         qt = TYPES[name]
@@ -63,13 +63,15 @@ def main(argv=None) -> int:
                     us[c] = round(time_graph(cp, [make(i) for i in range(INNER)], args.reps) * 1e6, 2)
                 if name in tc.SUPPORTED:
                     x16buf = cp.empty(tc.x_bytes(n, K), cp.uint8)
-                    tpart = cp.empty(max(tc.part_bytes(n, N, K, qt, sms), 4) // 4, cp.float32)
-                    us["tc"] = round(time_graph(cp, [lambda i=i: tc.tcgemv(qt, ws[i % copies], tc.prepare_x(x, x16buf), y,
-                                                                           part=tpart) for i in range(INNER)],
-                                                args.reps) * 1e6, 2)
+                    for c in tc.CONFIGS:
+                        tpart = cp.empty(max(tc.part_bytes(n, N, K, qt, sms, c), 4) // 4, cp.float32)
+                        launches = [lambda i=i, c=c, tpart=tpart: tc.tcgemv(qt, ws[i % copies], tc.prepare_x(x, x16buf),
+                                                                            y, part=tpart, config=c)
+                                    for i in range(INNER)]
+                        us[f"tc_{c}"] = round(time_graph(cp, launches, args.reps) * 1e6, 2)
                 us["cublas"] = round(time_graph(cp, [lambda i=i: gemm_f32(x.astype(cp.float16), w16s[i % copies], y)
                                                      for i in range(INNER)], args.reps) * 1e6, 2)
-                best = min(us[c] for c in (*ms.CONFIGS, "tc") if c in us)
+                best = min(v for c, v in us.items() if c != "cublas")
                 rows.append({"type": name, "N": N, "K": K, "n": n, "us": us, "best_gbs": round(w.nbytes / best / 1e3, 1)})
                 print(f"{name:5s} {N:6d} x {K:<5d} {n:3d} " + " ".join(f"{us.get(c, float('nan')):9.1f}" for c in names)
                       + f"  {rows[-1]['best_gbs']:.0f}", flush=True)

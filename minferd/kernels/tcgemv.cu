@@ -141,9 +141,9 @@ tcgemv_x16(const float* __restrict__ x, int M, int K, int M8, u32* __restrict__ 
 }
 
 // Grid (ceil(N / (16 RT)), splits); a CTA is KW warps on the same 16 RT rows, warp w taking the
-// blocks b = b0 + w, b0 + w + KW, ... of its split's range [z*bps, (z+1)*bps). x16: M8 = 8 NT8
+// blocks b = b0 + w, b0 + w + KW, ... of its split's range [z*bps, (z+1)*bps), UNR at a time. x16: M8 = 8 NT8
 // rows. part == nullptr: one split, out gets bias and residual; else part[z][m][n].
-template <int TYPE, int NT8, int RT, int KW>
+template <int TYPE, int NT8, int RT, int KW, int UNR>
 __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
        float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
@@ -169,51 +169,66 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.f;
 
-  for (int b = b0 + kw; b < b1; b += KW) {
-    T w[RT][2];
+  // UNR blocks' loads are issued before any of them is decoded: more bytes in flight per warp.
+  for (int b = b0 + kw; b < b1; b += KW * UNR) {
+    T w[UNR][RT][2];
 #pragma unroll
-    for (int t = 0; t < RT; ++t)
+    for (int u = 0; u < UNR; ++u)
+      if (b + u * KW < b1) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) w[t][h].fetch(rp[t][h] + (i64)b * T::BB, c);
+        for (int t = 0; t < RT; ++t)
 #pragma unroll
-    for (int k = 0; k < T::STEPS; ++k) {
-      u32 a[RT][4];
-#pragma unroll
-      for (int t = 0; t < RT; ++t) {
-        w[t][0].frag(k, a[t][0], a[t][2]);
-        w[t][1].frag(k, a[t][1], a[t][3]);
+          for (int h = 0; h < 2; ++h) w[u][t][h].fetch(rp[t][h] + (i64)(b + u * KW) * T::BB, c);
       }
-      const i64 xo = (i64)b * T::QK + T::xoff(k, c);
 #pragma unroll
-      for (int n = 0; n < NT8; ++n) {
-        const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xr[n] + xo));
+    for (int u = 0; u < UNR; ++u) {
+      if (b + u * KW >= b1) break;
 #pragma unroll
-        for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], xv.x, xv.y);
+      for (int k = 0; k < T::STEPS; ++k) {
+        u32 a[RT][4];
+#pragma unroll
+        for (int t = 0; t < RT; ++t) {
+          w[u][t][0].frag(k, a[t][0], a[t][2]);
+          w[u][t][1].frag(k, a[t][1], a[t][3]);
+        }
+        const i64 xo = (i64)(b + u * KW) * T::QK + T::xoff(k, c);
+#pragma unroll
+        for (int n = 0; n < NT8; ++n) {
+          const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xr[n] + xo));
+#pragma unroll
+          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], xv.x, xv.y);
+        }
       }
     }
   }
 
-  // The KW warps' sums of the same outputs: warps 1.. hand theirs to warp 0 through shared memory.
+  // The KW warps' sums of the same outputs, added in a fixed tree (deterministic): each round the
+  // upper half of the warps still holding sums hands them to the lower half.
   if constexpr (KW > 1) {
-    __shared__ float red[KW - 1][RT * NT8 * 4][32];
-    if (kw > 0) {
+    static_assert((KW & (KW - 1)) == 0, "KW must be a power of two");
+    __shared__ float red[KW / 2][RT * NT8 * 4][32];
 #pragma unroll
-      for (int t = 0; t < RT; ++t)
+    for (int half = KW / 2; half >= 1; half /= 2) {
+      if (kw >= half && kw < 2 * half) {
 #pragma unroll
-        for (int n = 0; n < NT8; ++n)
+        for (int t = 0; t < RT; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) red[kw - 1][(t * NT8 + n) * 4 + e][lane] = acc[t][n][e];
+          for (int n = 0; n < NT8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[kw - half][(t * NT8 + n) * 4 + e][lane] = acc[t][n][e];
+      }
+      __syncthreads();
+      if (kw < half) {
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+          for (int n = 0; n < NT8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[t][n][e] += red[kw][(t * NT8 + n) * 4 + e][lane];
+      }
+      __syncthreads();
     }
-    __syncthreads();
     if (kw > 0) return;
-#pragma unroll
-    for (int j = 0; j < KW - 1; ++j)
-#pragma unroll
-      for (int t = 0; t < RT; ++t)
-#pragma unroll
-        for (int n = 0; n < NT8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[t][n][e] += red[j][(t * NT8 + n) * 4 + e][lane];
   }
   // Accumulator (t, n): e = 0, 1 row g, tokens 2c, 2c+1 of tile n; e = 2, 3 row g + 8.
 #pragma unroll

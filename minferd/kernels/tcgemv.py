@@ -24,7 +24,10 @@ from .quant import TYPES, QuantType, by_name
 SUPPORTED: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
 MAX_M = 64
 NT8S = (2, 4, 8)  # 8-token tiles: batches of <= 16, 32, 64
-KW = 4  # warps a CTA, splitting its rows' K between them
+# name -> (warps a CTA, splitting its rows' K between them; blocks a warp loads before decoding
+# any). bench/mmq_small.py times them; CONFIG runs.
+CONFIGS: dict[str, tuple[int, int]] = {"base": (4, 1), "unr2": (4, 2), "kw8": (8, 1)}
+CONFIG = "base"
 CTAS_PER_SM = 4
 MAX_PART_BYTES = 16 << 20
 
@@ -45,12 +48,13 @@ def row_tiles(M: int, qt: QuantType) -> int:
     return 2 if nt8(M) == 8 and qt.name != "Q6_K" else 1
 
 
-def kernel_name(qt: QuantType, M: int) -> str:
-    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt)}, {KW}>"
+def kernel_name(qt: QuantType, M: int, config: str = CONFIG) -> str:
+    kw, unr = CONFIGS[config]
+    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt)}, {kw}, {unr}>"
 
 
 def names() -> tuple[str, ...]:
-    return tuple(kernel_name(TYPES[t], 8 * n) for t in sorted(SUPPORTED) for n in NT8S)
+    return tuple(kernel_name(TYPES[t], 8 * n, c) for t in sorted(SUPPORTED) for n in NT8S for c in CONFIGS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,19 +99,20 @@ def prepare_x(x, buf=None, *, stream=None) -> X16:
     return X16(M, K, buf)
 
 
-def splits(qt: QuantType, N: int, nb: int, M: int, sms: int) -> int:
-    """K splits (of whole blocks) per row tile: CTAS_PER_SM CTAs on every SM, the partials under
-    MAX_PART_BYTES, no split empty."""
+def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG) -> int:
+    """K splits (of whole blocks) per row tile: CTAS_PER_SM CTAs on every SM, each warp at least
+    one block, the partials under MAX_PART_BYTES, no split empty."""
+    kw = CONFIGS[config][0]
     tiles = -(-N // (16 * row_tiles(M, qt)))
-    s = max(1, min(nb // KW or 1, -(-CTAS_PER_SM * sms // tiles)))
+    s = max(1, min(nb // kw or 1, -(-CTAS_PER_SM * sms // tiles)))
     while s > 1 and s * M * N * 4 > MAX_PART_BYTES:
         s -= 1
     return -(-nb // -(-nb // s))
 
 
-def part_bytes(M: int, N: int, K: int, qt, sms: int) -> int:
+def part_bytes(M: int, N: int, K: int, qt, sms: int, config: str = CONFIG) -> int:
     qt = _qt(qt)
-    s = splits(qt, N, K // qt.block_elems, M, sms)
+    s = splits(qt, N, K // qt.block_elems, M, sms, config)
     return 0 if s == 1 else s * M * N * 4
 
 
@@ -120,12 +125,15 @@ def _check_f32(a, shape, what: str) -> None:
         raise ValueError(f"tcgemv: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
-def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=None) -> None:
+def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
     """out (M, N) = x @ dequant(w).T (+ bias (N,)) (+ residual (M, N)), x as prepare_x made it.
 
     qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
-    part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated)."""
+    part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
+    config: a CONFIGS key (benchmarks and tests)."""
     qt = _qt(qt)
+    if config not in CONFIGS:
+        raise ValueError(f"tcgemv: unknown config {config!r}")
     if qt.name not in SUPPORTED:
         raise ValueError(f"tcgemv: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
     M, K = x16.M, x16.K
@@ -142,7 +150,8 @@ def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=
         return
     import cupy
     nb = K // qt.block_elems
-    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id))
+    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
+    kw = CONFIGS[config][0]
     need = 0 if s == 1 else s * M * N * 4
     ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
     with _stream(stream):
@@ -150,7 +159,7 @@ def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=
             part = cupy.empty(need // 4, cupy.float32)
         elif need and (part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need):
             raise ValueError(f"tcgemv: part must be contiguous float32 of >= {need} bytes")
-        _fn(kernel_name(qt, M))((-(-N // (16 * row_tiles(M, qt))), s), (KW * 32,),
+        _fn(kernel_name(qt, M, config))((-(-N // (16 * row_tiles(M, qt))), s), (kw * 32,),
                                 (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
                                  np.int32(-(-nb // s)), x16.buf, out, ptr(bias), ptr(residual),
                                  ptr(part if need else None)))

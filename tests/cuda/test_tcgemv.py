@@ -105,3 +105,18 @@ def test_checks_arguments(to_device):
         tc.tcgemv(TYPES["Q4_0"], w, x16, cp.zeros((16, 64), cp.float32))
     with pytest.raises(ValueError, match="outside"):
         tc.prepare_x(cp.zeros((65, 256), cp.float32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("config", sorted(tc.CONFIGS))
+@pytest.mark.parametrize("M", [16, 40, 64])
+def test_every_config(name, config, M, to_device):
+    """Each config bench/mmq_small.py times (more warps a CTA, two blocks a warp in flight) gives
+    the reference's products, K split and over a partial row tile."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(M + 7 * len(config))
+    K = blocks(qt, 9 if qt.block_elems == 256 else 72)
+    raw = random_blocks(qt, 90, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    err = rel_err(run(qt, to_device(raw), x, config=config), reference(qt, raw, x))
+    assert err < TOL, f"{name} {config} M={M}: rel err {err:.2e}"
