@@ -57,8 +57,7 @@ def main(argv=None) -> int:
     from minferd.kernels.mmq_small import MAX_M as SMALL_MAX, SUPPORTED as SMALL_TYPES, mmq_small, part_bytes, \
         quantize, sm_count, x_bytes
     from minferd.kernels.mmvq import MAX_COLS, mmvq
-    from minferd.kernels.tcgemv import SUPPORTED as TC_TYPES, part_bytes as tc_part_bytes, prepare_x, tcgemv, \
-        x_bytes as tc_x_bytes
+    from minferd.kernels.tcgemv import SUPPORTED as TC_TYPES, part_bytes as tc_part_bytes, tcgemv
     from minferd.kernels.quant import TYPES
     from minferd.kernels.random_blocks import random_blocks
     from minferd.kernels.tiles import gemm_tiles
@@ -111,10 +110,9 @@ def main(argv=None) -> int:
                     xbuf = cp.empty(x_bytes(n, K), cp.uint8)
                     part = cp.empty(max(part_bytes(n, N, K, sms), 4) // 4, cp.float32)
                     makers["small"] = lambda w, w16: lambda: mmq_small(qt, w, quantize(x, xbuf), y, part=part)
-                if name in TC_TYPES and n <= SMALL_MAX:
-                    x16buf = cp.empty(tc_x_bytes(n, K), cp.uint8)
+                if name in TC_TYPES and n <= SMALL_MAX:  # x cast to f16 each call, as for cublas
                     tpart = cp.empty(max(tc_part_bytes(n, N, K, qt, sms), 4) // 4, cp.float32)
-                    makers["tc"] = lambda w, w16: lambda: tcgemv(qt, w, prepare_x(x, x16buf), y, part=tpart)
+                    makers["tc"] = lambda w, w16: lambda: tcgemv(qt, w, x.astype(cp.float16), y, part=tpart)
                 us = {}
                 for k, make in makers.items():
                     try:

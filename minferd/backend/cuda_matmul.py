@@ -53,7 +53,7 @@ class CudaMatmuls:
             if kernel == "small":
                 mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
             else:
-                tcgemv.tcgemv(w.qtype, w.data, self._tc_x(x), out, bias=b, residual=residual)
+                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -134,13 +134,6 @@ class CudaMatmuls:
         if self._xm is None or self._xm[0] != key(x):
             self._xm = None
             self._xm = (key(x), x, mmq_small.quantize(x))
-        return self._xm[2]
-
-    def _tc_x(self, x):
-        """x in tcgemv's f16 layout, once per array and pass (in the slot mmq_small's format uses)."""
-        if self._xm is None or self._xm[0] != (key(x), "tc"):
-            self._xm = None
-            self._xm = ((key(x), "tc"), x, tcgemv.prepare_x(x))
         return self._xm[2]
 
     def _as_f16(self, x):

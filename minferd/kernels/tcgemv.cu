@@ -17,9 +17,10 @@
 // 16 elements of a row as its logical k, so long as x's fragments take the same ones: lane c
 // takes 4 physical elements e0..e3 that lie together in the block (four nibbles or bytes of one
 // u32), (e0, e2) as logical {2c, 2c+1} and (e1, e3) as {2c+8, 2c+9} (the magic OR splits a word
-// into bytes 0,2 and 1,3). x is stored in f16 with every 4 elements as (0, 2, 1, 3) (tcgemv_x16),
-// so one 8-byte load gives a lane both of its B registers. Each type says which elements step k
-// gives lane c (TcW<T>::xoff) and how to make them (frag).
+// into bytes 0,2 and 1,3). x is the f16 copy of the activations the cuBLAS path reads too (rmsnorm
+// and the gated activation write it): one 8-byte load of e0..e3 and two byte permutes give a lane
+// both of its B registers (x_frag). Each type says which elements step k gives lane c
+// (TcW<T>::xoff) and how to make them (frag).
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_tcgemv.py).
 #include "blocks.cuh"
@@ -127,22 +128,18 @@ template <> struct TcW<T_Q8_0> {
   }
 };
 
-// x (M, K) f32 -> x16 (M8, K) f16, every 4 elements as (0, 2, 1, 3); rows M..M8-1 zero. One
-// thread per 4 elements (K % 4 == 0).
-extern "C" __global__ void __launch_bounds__(256)
-tcgemv_x16(const float* __restrict__ x, int M, int K, int M8, u32* __restrict__ x16) {
-  const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x, q = K / 4;
-  if (t >= (i64)M8 * q) return;
-  const int m = (int)(t / q);
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (m < M) v = __ldg(reinterpret_cast<const float4*>(x) + t);
-  x16[2 * t] = pack_h2(v.x, v.z);
-  x16[2 * t + 1] = pack_h2(v.y, v.w);
+// B registers of a lane from 4 consecutive f16 of x at p (8-aligned): (e0, e2) and (e1, e3).
+__device__ __forceinline__ void x_frag(const u16* p, u32& b0, u32& b1) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  b0 = __byte_perm(v.x, v.y, 0x5410);
+  b1 = __byte_perm(v.x, v.y, 0x7632);
 }
 
 // Grid (ceil(N / (16 RT)), splits); a CTA is KW warps on the same 16 RT rows, warp w taking the
-// blocks b = b0 + w, b0 + w + KW, ... of its split's range [z*bps, (z+1)*bps), UNR at a time. x16: M8 = 8 NT8
-// rows. part == nullptr: one split, out gets bias and residual; else part[z][m][n].
+// blocks b = b0 + w, b0 + w + KW, ... of its split's range [z*bps, (z+1)*bps), UNR at a time. x16: f16
+// (M, K); the token rows of a tile past M read row M-1 again, and their sums are never stored (a
+// column of the mma's output depends on its own column of B only). part == nullptr: one split,
+// out gets bias and residual; else part[z][m][n].
 template <int TYPE, int NT8, int RT, int KW, int UNR>
 __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
@@ -159,7 +156,7 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
     for (int h = 0; h < 2; ++h) rp[t][h] = W + (i64)min(row0 + 16 * t + g + 8 * h, N - 1) * row_bytes;
   const u16* xr[NT8];
 #pragma unroll
-  for (int n = 0; n < NT8; ++n) xr[n] = x16 + (i64)(8 * n + g) * K;
+  for (int n = 0; n < NT8; ++n) xr[n] = x16 + (i64)min(8 * n + g, M - 1) * K;
 
   float acc[RT][NT8][4];
 #pragma unroll
@@ -194,9 +191,10 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
         const i64 xo = (i64)(b + u * KW) * T::QK + T::xoff(k, c);
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-          const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xr[n] + xo));
+          u32 b0, b1;
+          x_frag(xr[n] + xo, b0, b1);
 #pragma unroll
-          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], xv.x, xv.y);
+          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], b0, b1);
         }
       }
     }

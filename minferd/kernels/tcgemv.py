@@ -1,18 +1,16 @@
-"""Launchers of tcgemv.cu: out (M, N) f32 = x (M, K) f32 @ dequant(W).T (+ bias) (+ residual) for
-batches of up to MAX_M tokens, W's quantized bytes decoded in registers into f16 mma fragments.
+"""Launcher of tcgemv.cu: out (M, N) f32 = x (M, K) @ dequant(W).T (+ bias) (+ residual) for batches
+of up to MAX_M tokens, W's quantized bytes decoded in registers into f16 mma fragments.
 
-Two calls, both only enqueue work on the current (or given) stream (no allocation when the
-caller passes the buffers, no synchronisation: safe inside CUDA graph capture):
-  - `prepare_x(x, buf)`: x into f16, every 4 elements as (0, 2, 1, 3), rows padded to a multiple
-    of 8 (tcgemv_x16), once per input however many matrices read it;
-  - `tcgemv(qt, w, x16, out, ...)`: the product, with K split over CTAs when the rows alone cannot
-    fill the GPU; the splits, the bias and the residual are added by mmq_small's split sum.
+x comes as the f16 copy the cuBLAS path reads (rmsnorm and the gated activation write it; the
+backend casts other inputs once, CudaMatmuls._as_f16), so a matmul is one launch, plus one that
+adds the K splits, the bias and the residual when K is split over CTAs (mmq_small's split sum).
+Both only enqueue work on the current (or given) stream: no allocation when the caller passes the
+partials, no synchronisation (safe inside CUDA graph capture).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,41 +60,8 @@ def _fn(name: str):
     return module("tcgemv", names()).get_function(name)
 
 
-@dataclass(frozen=True)
-class X16:
-    """x as tcgemv reads it: f16 (M8, K) in `buf`, M8 = 8 * nt8(M)."""
-    M: int
-    K: int
-    buf: object
-
-
-def x_bytes(M: int, K: int) -> int:
-    return 8 * nt8(M) * K * 2
-
-
 def _stream(stream):
     return stream if stream is not None else contextlib.nullcontext()
-
-
-def prepare_x(x, buf=None, *, stream=None) -> X16:
-    """x (M, K) f32 C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0, into buf (uint8 of
-    >= x_bytes(M, K), 16-aligned; None: from CuPy's current allocator)."""
-    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or x.data.ptr % 16:
-        raise ValueError(f"tcgemv: x must be C-contiguous 16-aligned float32 (M, K), got {x.dtype} {tuple(x.shape)}")
-    M, K = x.shape
-    if K == 0 or K % 32:
-        raise ValueError(f"tcgemv: K = {K} is not a positive multiple of 32")
-    need, m8 = x_bytes(M, K), 8 * nt8(M)
-    if buf is None:
-        import cupy
-        with _stream(stream):
-            buf = cupy.empty(need, cupy.uint8)
-    elif buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.nbytes < need or buf.data.ptr % 16:
-        raise ValueError(f"tcgemv: buf must be contiguous 16-aligned uint8 of >= {need} bytes")
-    groups = m8 * K // 4
-    with _stream(stream):
-        _fn("tcgemv_x16")(((groups + 255) // 256,), (256,), (x, np.int32(M), np.int32(K), np.int32(m8), buf))
-    return X16(M, K, buf)
 
 
 def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG) -> int:
@@ -117,7 +82,8 @@ def part_bytes(M: int, N: int, K: int, qt, sms: int, config: str = CONFIG) -> in
 
 
 def scratch_bound(widest: int) -> int:
-    return x_bytes(MAX_M, widest) + MAX_PART_BYTES
+    """The partials one matmul takes at most (x is the backend's f16 copy, counted as cuBLAS's)."""
+    return MAX_PART_BYTES
 
 
 def _check_f32(a, shape, what: str) -> None:
@@ -125,10 +91,11 @@ def _check_f32(a, shape, what: str) -> None:
         raise ValueError(f"tcgemv: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
 
 
-def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
-    """out (M, N) = x @ dequant(w).T (+ bias (N,)) (+ residual (M, N)), x as prepare_x made it.
+def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
+    """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
+    x16: cupy f16 (M, K) C-contiguous, 8-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
     config: a CONFIGS key (benchmarks and tests)."""
     qt = _qt(qt)
@@ -136,7 +103,12 @@ def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=
         raise ValueError(f"tcgemv: unknown config {config!r}")
     if qt.name not in SUPPORTED:
         raise ValueError(f"tcgemv: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
-    M, K = x16.M, x16.K
+    if x16.dtype != np.float16 or x16.ndim != 2 or not x16.flags.c_contiguous or x16.data.ptr % 8:
+        raise ValueError(f"tcgemv: x16 must be C-contiguous 8-aligned float16 (M, K), got {x16.dtype} {tuple(x16.shape)}")
+    M, K = x16.shape
+    nt8(M)  # 1..MAX_M
+    if K == 0 or K % 32:
+        raise ValueError(f"tcgemv: K = {K} is not a positive multiple of 32")
     if K % qt.block_elems:
         raise ValueError(f"tcgemv: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
     N = w.shape[0] if w.ndim == 2 else -1
@@ -161,7 +133,7 @@ def tcgemv(qt, w, x16: X16, out, *, bias=None, residual=None, part=None, stream=
             raise ValueError(f"tcgemv: part must be contiguous float32 of >= {need} bytes")
         _fn(kernel_name(qt, M, config))((-(-N // (16 * row_tiles(M, qt))), s), (kw * 32,),
                                 (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
-                                 np.int32(-(-nb // s)), x16.buf, out, ptr(bias), ptr(residual),
+                                 np.int32(-(-nb // s)), x16, out, ptr(bias), ptr(residual),
                                  ptr(part if need else None)))
         if need:
             split_sum(part, s, M, N, bias, residual, out)

@@ -1,6 +1,6 @@
 """tcgemv.cu against an f64 reference: out = x @ dequant(W).T (+ bias) (+ residual) within 2e-3
 relative (||out - ref|| / ||ref||: x and the decoded weights are f16, as the W16 path's cuBLAS
-reads them), for each type, every token tile (M 1, 9, 16, 17, 33, 64), row counts that are no
+reads them; the reference takes x as given, in f32), for each type, every token tile (M 1, 9, 16, 17, 33, 64), row counts that are no
 multiple of the 16/32-row tile, tensors starting one block in, K split and not, and the 7B's
 decode shapes. Outputs are poisoned with NaN first, so an element never written fails.
 """
@@ -22,7 +22,7 @@ NAMES = sorted(tc.SUPPORTED)
 
 def run(qt, w, x_h, bias=None, res=None, **kw):
     out = poisoned((x_h.shape[0], w.shape[0]), cp.float32)
-    tc.tcgemv(qt, w, tc.prepare_x(cp.asarray(x_h)), out, bias=bias, residual=res, **kw)
+    tc.tcgemv(qt, w, cp.asarray(x_h).astype(cp.float16), out, bias=bias, residual=res, **kw)
     return out
 
 
@@ -81,13 +81,13 @@ def test_deterministic_with_callers_buffers(to_device):
     w = to_device(raw)
     x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32))
     part = cp.empty(max(tc.part_bytes(M, N, K, qt, tc.sm_count(cp.cuda.Device().id)), 4) // 4, cp.float32)
-    xbuf = cp.empty(tc.x_bytes(M, K), cp.uint8)
+    x16 = x.astype(cp.float16)
     stream = cp.cuda.Stream(non_blocking=True)
     outs = []
     for _ in range(2):
         out = poisoned((M, N), cp.float32)
         before = cp.get_default_memory_pool().used_bytes()
-        tc.tcgemv(qt, w, tc.prepare_x(x, xbuf, stream=stream), out, part=part, stream=stream)
+        tc.tcgemv(qt, w, x16, out, part=part, stream=stream)
         assert cp.get_default_memory_pool().used_bytes() == before
         stream.synchronize()
         outs.append(out.get())
@@ -98,13 +98,15 @@ def test_deterministic_with_callers_buffers(to_device):
 def test_checks_arguments(to_device):
     qt = TYPES["Q4_K"]
     w = to_device(random_blocks(qt, 64, 256, np.random.default_rng(0)))
-    x16 = tc.prepare_x(cp.zeros((16, 256), cp.float32))
+    x16 = cp.zeros((16, 256), cp.float16)
     with pytest.raises(ValueError, match="out must be"):
         tc.tcgemv(qt, w, x16, cp.zeros((16, 63), cp.float32))
     with pytest.raises(ValueError, match="not supported"):
         tc.tcgemv(TYPES["Q4_0"], w, x16, cp.zeros((16, 64), cp.float32))
     with pytest.raises(ValueError, match="outside"):
-        tc.prepare_x(cp.zeros((65, 256), cp.float32))
+        tc.tcgemv(qt, w, cp.zeros((65, 256), cp.float16), cp.zeros((65, 64), cp.float32))
+    with pytest.raises(ValueError, match="x16 must be"):
+        tc.tcgemv(qt, w, cp.zeros((16, 256), cp.float32), cp.zeros((16, 64), cp.float32))
 
 
 @pytest.mark.parametrize("name", NAMES)

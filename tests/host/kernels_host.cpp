@@ -99,11 +99,11 @@ template <int T> static void tcgemv_rows(const u8* w, int rows, int K, const u16
             A[g + 8 * h][2 * c] = hlo(a[h]); A[g + 8 * h][2 * c + 1] = hhi(a[h]);
             A[g + 8 * h][2 * c + 8] = hlo(a[2 + h]); A[g + 8 * h][2 * c + 9] = hhi(a[2 + h]);
           }
-          for (int n = 0; n < m8 / 8; ++n) {
-            uint2 xv;
-            memcpy(&xv, x16 + (long long)(8 * n + g) * K + (long long)b * W::QK + W::xoff(k, c), 8);
-            B[2 * c][8 * n + g] = hlo(xv.x); B[2 * c + 1][8 * n + g] = hhi(xv.x);
-            B[2 * c + 8][8 * n + g] = hlo(xv.y); B[2 * c + 9][8 * n + g] = hhi(xv.y);
+          for (int n = 0; n < m8 / 8; ++n) {  // the kernel's x_frag, rows past M clamped as there
+            unsigned b0, b1;
+            x_frag(x16 + (long long)std::min(8 * n + g, M - 1) * K + (long long)b * W::QK + W::xoff(k, c), b0, b1);
+            B[2 * c][8 * n + g] = hlo(b0); B[2 * c + 1][8 * n + g] = hhi(b0);
+            B[2 * c + 8][8 * n + g] = hlo(b1); B[2 * c + 9][8 * n + g] = hhi(b1);
           }
         }
         for (int i = 0; i < 16 && r0 + i < rows; ++i)
@@ -151,15 +151,9 @@ extern "C" int dec(int t, const u8* w, int rows, int K, float* out) {
   }
   return 1;
 }
-// x (M, K) f32 -> the kernel's x16 (tcgemv_x16, thread by thread), then the warp twin above.
-extern "C" int tc(int t, const u8* w, int rows, int K, const float* x, int M, u16* x16, float* out) {
+// x16: f16 (M, K), as the backend hands it over; the warp twin above.
+extern "C" int tc(int t, const u8* w, int rows, int K, const u16* x16, int M, float* out) {
   misaligned = 0;
-  const int m8 = (M + 7) / 8 * 8;
-  blockDim.x = 256;
-  for (long long i = 0; i < (long long)m8 * K / 4; ++i) {
-    blockIdx.x = (unsigned)(i / 256), threadIdx.x = (unsigned)(i % 256);
-    tcgemv_x16(x, M, K, m8, reinterpret_cast<u32*>(x16));
-  }
   switch (t) {
     case 8: tcgemv_rows<8>(w, rows, K, x16, M, out); break;
     case 12: tcgemv_rows<12>(w, rows, K, x16, M, out); break;

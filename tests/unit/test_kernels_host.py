@@ -115,20 +115,20 @@ def test_new_decoders_on_every_byte_pattern(lib, name):
 @pytest.mark.parametrize("name", ("Q4_K", "Q6_K", "Q8_0"))
 @pytest.mark.parametrize("M", (1, 9, 17))
 def test_tcgemv_fragments_match_f64(lib, name, M):
-    """tcgemv.cu's decode into f16 mma fragments (TcW's fetch, frag and xoff) and its x layout
-    (tcgemv_x16), assembled as mma.sync m16n8k16 reads them: x @ dequant(W).T within the f16
-    rounding of x and of the weights, at odd and even blocks, every load at its alignment."""
+    """tcgemv.cu's decode into f16 mma fragments (TcW's fetch, frag and xoff) and its B loads
+    (x_frag, over the f16 x the backend passes), assembled as mma.sync m16n8k16 reads them:
+    x @ dequant(W).T within the f16 rounding of x and of the weights, at odd and even blocks,
+    every load at its alignment."""
     qt, rng = TYPES[name], np.random.default_rng(200 + TYPES[name].ggml_id + M)
     rows, K = 19, qt.block_elems * (3 if qt.block_elems == 256 else 9)
     raw = random_blocks(qt, rows + 1, K, rng)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    xb = aligned(x.nbytes)
-    xb[:] = x.view(np.uint8).reshape(-1)
-    x16 = aligned((M + 7) // 8 * 8 * K * 2)
+    x16 = aligned(M * K * 2)
+    x16[:] = x.astype(np.float16).view(np.uint8).reshape(-1)
     for start in (0, 1):
         out = np.full((M, rows), np.nan, np.float32)
-        assert lib.tc(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(xb.ctypes.data), M,
-                      P(x16.ctypes.data), P(out.ctypes.data)) == 0
+        assert lib.tc(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(x16.ctypes.data), M,
+                      P(out.ctypes.data)) == 0
         ref = x.astype(np.float64) @ dequantize(qt, raw[start:start + rows], rows, K).astype(np.float64).T
         err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
         assert err < 2e-3, (name, M, start, err)
