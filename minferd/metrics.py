@@ -1,17 +1,22 @@
 """Prometheus metrics: pool and per-model bytes read from the ledger at scrape time, plus request,
 token and latency counters fed by the server. Where the daemon has a token, /metrics asks for it
-as `Authorization: Bearer` (the model names are what a token keeps from strangers)."""
+as `Authorization: Bearer` (the model names are what a token keeps from strangers).
+
+A scrape first drops the counters' series of names no longer loaded: a client that loads and
+unloads many names must not grow what /metrics holds. The port is served by uvicorn on one
+event-loop thread: a thread per connection (prometheus_client's own server) let 100 idle
+connections, which any local user may open, add 100 threads to the daemon."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+import time
 
 from prometheus_client import (CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector,
-                               ProcessCollector, make_wsgi_app)
+                               ProcessCollector, make_asgi_app)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer
+
+from minferd.errors import MinferdError
 
 PATHS = ("w16", "mmq", "fused_b")
 
@@ -22,11 +27,13 @@ class PoolCollector:
     weights and f16 copy under its weight set (shared by every load of the file). Labels never
     change with state: the current matmul path is a gauge of its own."""
 
-    def __init__(self, host):
-        self.host = host
+    def __init__(self, host, on_scrape=None):
+        self.host, self.on_scrape = host, on_scrape
 
     def collect(self):
         st = self.host.status()
+        if self.on_scrape:  # registered first: the counters that follow see the pruning
+            self.on_scrape({m["name"] for m in st["models"]})
         pools = st.get("pools") or [st["pool"]]  # a series per device: they sum to the daemon's
         yield _gauge("minferd_pool_capacity_bytes", "The pool's capacity (the budget)", ["device"],
                      [([p["device"]], p["capacity_bytes"]) for p in pools])
@@ -63,7 +70,9 @@ def _gauge(name: str, doc: str, labels: list[str], rows) -> GaugeMetricFamily:
 class Metrics:
     def __init__(self, host, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.registry.register(PoolCollector(host))
+        self.registry.register(PoolCollector(host, self.prune))
+        self._series: dict[str, set] = {}  # model -> the (metric, label values) recorded for it
+        self._lock = threading.Lock()
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -83,52 +92,83 @@ class Metrics:
                                      registry=r, buckets=speeds)
         self.refusals = Counter("minferd_refusals", "Requests refused, by gRPC status code", ["code"], registry=r)
 
+    def _of(self, metric, model: str, *rest):
+        """metric's child for (model, *rest), remembered so prune can drop it with its model."""
+        with self._lock:
+            self._series.setdefault(model, set()).add((metric, (model, *rest)))
+        return metric.labels(model, *rest)
+
+    def prune(self, loaded: set[str]) -> None:
+        """Drop every series of a model not in `loaded` (it was unloaded since it was recorded)."""
+        with self._lock:
+            gone = [m for m in self._series if m not in loaded]
+            dropped = [self._series.pop(m) for m in gone]
+        for series in dropped:
+            for metric, labels in series:
+                try:
+                    metric.remove(*labels)
+                except KeyError:  # removed already
+                    pass
+
     def first_token(self, model: str, seconds: float) -> None:
-        self.ttft.labels(model).observe(seconds)
+        self._of(self.ttft, model).observe(seconds)
 
     def request(self, model: str, outcome: str, prompt_tokens: int, generated: int, seconds: float,
                 timings: dict | None = None) -> None:
         """One request ended (done, cancelled or failed): counted whatever its outcome."""
-        self.requests.labels(model, outcome).inc()
-        self.tokens.labels(model, "prompt").inc(prompt_tokens)
-        self.tokens.labels(model, "generated").inc(generated)
-        self.latency.labels(model).observe(seconds)
+        self._of(self.requests, model, outcome).inc()
+        self._of(self.tokens, model, "prompt").inc(prompt_tokens)
+        self._of(self.tokens, model, "generated").inc(generated)
+        self._of(self.latency, model).observe(seconds)
         if timings:
-            self.tokens.labels(model, "prompt_cached").inc(timings.get("cached_tokens", 0))
+            self._of(self.tokens, model, "prompt_cached").inc(timings.get("cached_tokens", 0))
             if timings.get("prefill_tok_s"):
-                self.prefill_rate.labels(model).observe(timings["prefill_tok_s"])
+                self._of(self.prefill_rate, model).observe(timings["prefill_tok_s"])
             if timings.get("decode_tok_s"):
-                self.decode_rate.labels(model).observe(timings["decode_tok_s"])
+                self._of(self.decode_rate, model).observe(timings["decode_tok_s"])
 
     def refusal(self, code: str) -> None:
         self.refusals.labels(code).inc()
 
-    def serve(self, addr: str, port: int, token: str | None = None) -> ThreadingWSGIServer:
-        """Serve /metrics on addr:port in a daemon thread; .shutdown() stops it."""
-        app = make_wsgi_app(self.registry)
-        if token:
-            app = bearer_gate(app, token)
-        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
-        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
-        httpd = make_server(addr, port, app, server_class, handler_class=_Quiet)
-        threading.Thread(target=httpd.serve_forever, name="minferd-metrics", daemon=True).start()
-        return httpd
+    def serve(self, addr: str, port: int, token: str | None = None) -> "MetricsServer":
+        """Serve /metrics on addr:port from a daemon thread; .shutdown() stops it."""
+        app = make_asgi_app(self.registry)
+        return MetricsServer(bearer_gate(app, token) if token else app, addr, port)
 
 
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format, *args):  # a line on stderr per scrape is noise in the daemon's log
-        pass
+class MetricsServer:
+    """uvicorn on its own thread and event loop (the HTTP front's way, http_api.start)."""
+
+    def __init__(self, app, addr: str, port: int):
+        import uvicorn
+        self.server = uvicorn.Server(uvicorn.Config(app, host=addr, port=port, log_level="warning", lifespan="off",
+                                                    access_log=False, timeout_keep_alive=5))
+        self.thread = threading.Thread(target=self.server.run, name="minferd-metrics", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.server.started:
+            raise MinferdError(f"the metrics endpoint did not start on {addr}:{port} (in use?)")
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
 
 
 def bearer_gate(app, token: str):
-    """The WSGI app behind `Authorization: Bearer <token>`; anything else is 401 and no metrics."""
+    """The ASGI app behind `Authorization: Bearer <token>`; anything else is 401 and no metrics."""
     from minferd.auth import bearer_matches
     expected = f"Bearer {token}".encode()
 
-    def gated(environ, start_response):
-        if bearer_matches(environ.get("HTTP_AUTHORIZATION"), expected):
-            return app(environ, start_response)
-        start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
-                                            ("WWW-Authenticate", 'Bearer realm="minferd"')])
-        return [b"missing or wrong bearer token\n"]
+    async def gated(scope, receive, send):
+        if scope["type"] == "http":
+            got = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+            if not bearer_matches(got.decode("latin-1"), expected):
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                        (b"www-authenticate", b'Bearer realm="minferd"')]})
+                await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
+                return
+        await app(scope, receive, send)
     return gated

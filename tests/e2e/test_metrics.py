@@ -87,3 +87,41 @@ def test_series_sum_to_the_ledger_and_count_every_outcome(tmp_path):
         assert "process_resident_memory_bytes" in fam and "minferd_model_sequences" in fam
     finally:
         d.stop()
+
+
+def test_unloaded_names_leave_no_series_and_idle_connections_no_threads(tmp_path):
+    """Load, use and unload 20 names: the next scrape holds series of the loaded one only. 60 idle
+    connections to the metrics port add no threads to the daemon (one event loop serves them), and
+    a scrape answers while they are open."""
+    import os
+    import time
+    models = tmp_path / "models"
+    models.mkdir()
+    write_model(models / "q.gguf", "qwen2", "tiny", "q8_0", seed=1)
+    port = _port()
+    d = Daemon(tmp_path, "--device", "cpu", "--models-dir", models, "--metrics-port", str(port), "--threads", "1")
+    try:
+        stub, md = d.stub(), d.metadata()
+        for i in range(21):
+            d.load("q.gguf", f"m{i}", ctx=256)
+            list(stub.Generate(pb2.GenerateRequest(model=f"m{i}", text="hi", sampling=pb2.SamplingParams(max_tokens=2)),
+                               metadata=md))
+            if i < 20:
+                stub.UnloadModel(pb2.UnloadModelRequest(name=f"m{i}"), metadata=md)
+        fam = _scrape(port, None)
+        named = {s.labels["model"] for f in fam.values() for s in f.samples if "model" in s.labels}
+        assert named == {"m20"}, sorted(named)[:5]
+        threads = lambda: len(os.listdir(f"/proc/{d.proc.pid}/task"))  # noqa: E731
+        before = threads()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(60)]
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            assert "minferd_pool_bytes" in _scrape(port, None)
+            assert time.monotonic() - t0 < 2
+            assert threads() <= before + 2, (before, threads())
+        finally:
+            for s in idle:
+                s.close()
+    finally:
+        d.stop()
