@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from minferd import config, reflection_v1
 from minferd._proto import pb2, pb2_grpc
 from minferd.auth import GatedHealth, TokenAuth
+from minferd.decode_guard import DecodeGuard
 from minferd.devices import MatmulPath
 from minferd.errors import (
     Aborted,
@@ -287,7 +288,7 @@ def create_server(servicer: MinferdServicer, health_servicer, token: str | None 
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
                ("grpc.max_metadata_size", 16 << 10)]
-    interceptors = [TokenAuth(token)] if token else []
+    interceptors = ([TokenAuth(token)] if token else []) + [DecodeGuard()]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minferd-grpc"),
                          interceptors=interceptors, options=options)
     pb2_grpc.add_MinferdServicer_to_server(servicer, server)

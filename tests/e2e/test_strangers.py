@@ -237,3 +237,27 @@ def test_model_health_follows_the_table(tmp_path, models):
         watch.cancel()
     finally:
         assert d.stop() == 0
+
+
+def test_bytes_that_do_not_parse_are_invalid_argument_not_internal(tmp_path):
+    """Invalid UTF-8 in a string field, over a real socket, for a unary and two streaming methods, and
+    bytes that are no protobuf at all: INVALID_ARGUMENT naming the method, no traceback in the log,
+    and the daemon serves on (minferd/decode_guard.py)."""
+    d = Daemon(tmp_path, "--device", "cpu", "--threads", "1")
+    try:
+        ch = d.channel()
+        for method, data, stream in (("Tokenize", b"\x0a\x01q\x12\x03\xed\xa0\x80", False),
+                                     ("Generate", b"\x0a\x02\xc0\x80\x12\x02hi", True),
+                                     ("LoadModel", b"\x0a\x02\xe2\x82\x12\x06q.gguf", True),
+                                     ("GetStatus", b"\xff\xff\xff\xff", False)):
+            call = (ch.unary_stream if stream else ch.unary_unary)(f"/minferd.v1.Minferd/{method}")
+            with pytest.raises(grpc.RpcError) as e:
+                r = call(data, timeout=10)
+                list(r) if stream else r
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.code(), e.value.details())
+            assert e.value.details().startswith(f"{method}: the request does not parse"), e.value.details()
+        assert d.status().pool.capacity_bytes > 0
+        log = d.log.read_text()
+        assert "Traceback" not in log and "deserializ" not in log, log[-2000:]
+    finally:
+        d.stop()
