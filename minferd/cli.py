@@ -11,7 +11,7 @@ import math
 import sys
 
 from minferd.argtypes import UINT64, TokenFlagGone, int_in, real_in
-from minferd.config import MAX_RUNNING_SEQS
+from minferd.config import GRPC_MAX_STREAMS, MAX_RUNNING_SEQS
 from minferd.errors import InvalidRequest, MinferdError
 
 
@@ -125,7 +125,7 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="minferd: %(message)s")
     keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "metrics_listen", "tls_cert",
             "tls_key", "tls_client_ca", "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads",
-            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests", "warmup")
+            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests", "max_streams", "warmup")
     return serve(load_config({k: getattr(args, k) for k in keys}, toml_path=args.config))
 
 
@@ -180,6 +180,9 @@ def parser() -> argparse.ArgumentParser:
                    help="compile every CUDA kernel (minferd warmup) before reporting SERVING")
     p.add_argument("--http-max-requests", type=int_in(1, 1 << 16), default=None, metavar="N",
                    help="generations in progress on the HTTP front; past it 429 (default 512)")
+    p.add_argument("--max-streams", type=int_in(1, GRPC_MAX_STREAMS), default=None, metavar="N",
+                   help=f"Generate/Chat streams in progress over gRPC; past it RESOURCE_EXHAUSTED (default "
+                        f"{GRPC_MAX_STREAMS}: gRPC's other threads stay free for status, health and loads)")
     p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
                    help="a load's KV holds this many full contexts unless it asks for a size (default 1)")
     p.add_argument("--w16-min-bytes", type=int_in(0, UINT64), default=None,
@@ -201,6 +204,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-path", default="auto", choices=["auto", "w16", "mmq", "fused_b"])
     p.add_argument("--w16-min-bytes", type=int, default=2 << 30, help="the W16 size gate (default 2 GiB)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-streams", type=int_in(1, GRPC_MAX_STREAMS), default=None, metavar="N",
+                   help=f"Generate/Chat streams in progress over gRPC; past it RESOURCE_EXHAUSTED (default "
+                        f"{GRPC_MAX_STREAMS}: gRPC's other threads stay free for status, health and loads)")
     p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
                    help="KV for this many full contexts (default 1)")
     p.add_argument("--kv-tokens", type=int_in(1, UINT64), default=None, help="KV positions for all sequences together")

@@ -44,3 +44,7 @@ class PermissionDenied(MinferdError):
 
 class Aborted(MinferdError):
     """A request ended by the daemon, not the client: its model was unloaded while it waited or ran."""
+
+
+class Busy(MinferdError):
+    """More requests at once than the daemon takes: try again later (a queue that is full)."""

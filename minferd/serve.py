@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
-from minferd.config import GIL_SWITCH_SECONDS, SERVE_TICK_SECONDS, ServeConfig
+from minferd.config import GIL_SWITCH_SECONDS, GRPC_MAX_STREAMS, SERVE_TICK_SECONDS, ServeConfig
 from minferd.errors import InvalidRequest, excerpt
 from minferd.fleet import Fleet
 from minferd.host import Host, LoadOptions
@@ -143,6 +143,9 @@ def _check_numbers(cfg: ServeConfig) -> None:
         raise InvalidRequest(f"drain_seconds {d!r}: expected seconds >= 0")
     if cfg.parent_pid is not None and not _process_start(cfg.parent_pid):
         raise InvalidRequest(f"--parent-pid {cfg.parent_pid}: no such process")
+    m = cfg.max_streams
+    if not (isinstance(m, int) and not isinstance(m, bool) and 1 <= m <= GRPC_MAX_STREAMS):
+        raise InvalidRequest(f"max_streams {m!r}: a whole number from 1 to {GRPC_MAX_STREAMS}")
 
 
 def _bind_tcp(server: grpc.Server, cfg: ServeConfig) -> None:
@@ -220,7 +223,7 @@ def serve(cfg: ServeConfig) -> int:
     if cfg.metrics_address():
         from minferd.metrics import Metrics
         metrics = Metrics(host)
-    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics)
+    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics, cfg.max_streams)
     server = create_server(servicer, health, token, cfg.max_message_bytes)
     # Metrics first: a port in use then fails the start before there is a socket to leave behind.
     metrics_http = metrics.serve(*cfg.metrics_address(), token) if metrics else None

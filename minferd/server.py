@@ -3,6 +3,7 @@ place, and create_server (kept apart from serve, as in the gRPC examples; the to
 and the health service are minferd.auth's)."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -21,6 +22,7 @@ from minferd.decode_guard import DecodeGuard
 from minferd.devices import MatmulPath
 from minferd.errors import (
     Aborted,
+    Busy,
     Conflict,
     InvalidRequest,
     MinferdError,
@@ -47,6 +49,7 @@ STATUS = {  # the one map from domain errors to gRPC status codes
     Conflict: grpc.StatusCode.FAILED_PRECONDITION,
     Aborted: grpc.StatusCode.ABORTED,  # its model was unloaded under it
     MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a device out of memory mid-request (CuPy's too)
+    Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,  # every generation place taken: a full queue
 }
 PATHS = {pb2.W16: MatmulPath.W16, pb2.MMQ: MatmulPath.MMQ, pb2.FUSED_B: MatmulPath.FUSED_B}
 SERVICE = "minferd.v1.Minferd"
@@ -90,9 +93,24 @@ def sampling(p: pb2.SamplingParams) -> SamplingParams:
 
 
 class MinferdServicer(pb2_grpc.MinferdServicer):
-    def __init__(self, host: Fleet, models_dirs, keep_alive: float, health_servicer=None, metrics=None):
+    def __init__(self, host: Fleet, models_dirs, keep_alive: float, health_servicer=None, metrics=None,
+                 max_streams: int | None = None):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
         self.health, self.metrics = health_servicer, metrics
+        # Generations hold a gRPC thread each while they wait and stream; past this many at once a
+        # new one is refused, so GetStatus, health and loads always find a thread.
+        self.max_streams = max_streams or GRPC_STREAMS
+        self._streams = threading.BoundedSemaphore(self.max_streams)
+
+    @contextlib.contextmanager
+    def _stream_place(self):
+        if not self._streams.acquire(blocking=False):
+            raise Busy(f"{self.max_streams} generations are in flight, the most this daemon streams at once; "
+                       f"retry when one ends")
+        try:
+            yield
+        finally:
+            self._streams.release()
 
     def _abort(self, context, e: BaseException):
         code = status_code(e)
@@ -170,6 +188,10 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Generate(self, request, context):
+        with self._stream_place():
+            yield from self._generate(request, context)
+
+    def _generate(self, request, context):
         params = sampling(request.sampling)
         self._prepare_model(request)
         if request.WhichOneof("prompt") == "ids":
@@ -188,6 +210,10 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Chat(self, request, context):
+        with self._stream_place():
+            yield from self._chat(request, context)
+
+    def _chat(self, request, context):
         check_chat([(m.role, m.content) for m in request.messages])
         self._prepare_model(request)
         lm = self.host.get(request.model)
@@ -281,6 +307,7 @@ def _name_from(path: str) -> str:
 # a call that finds none free waits behind them: with 64, GetStatus under 128 clients (bench/load.py)
 # took 12 s at p99. Idle threads cost a little memory; each Generate beyond this many still waits.
 GRPC_WORKERS = 256
+GRPC_STREAMS = config.GRPC_MAX_STREAMS  # the threads generations may hold; the rest answer everything else
 
 
 def create_server(servicer: MinferdServicer, health_servicer, token: str | None = None,

@@ -261,3 +261,39 @@ def test_bytes_that_do_not_parse_are_invalid_argument_not_internal(tmp_path):
         assert "Traceback" not in log and "deserializ" not in log, log[-2000:]
     finally:
         d.stop()
+
+
+def test_generations_past_max_streams_are_refused_and_status_still_answers(tmp_path):
+    """--max-streams 2: two long generations hold their places (one of them never read), a third is
+    RESOURCE_EXHAUSTED at once, GetStatus answers meanwhile; when one ends a new one is admitted."""
+    from minferd.model.synth import write_model
+    models = tmp_path / "models"
+    models.mkdir()
+    write_model(models / "q.gguf", "qwen2", "tiny", "q8_0", seed=1)
+    d = Daemon(tmp_path, "--device", "cpu", "--threads", "1", "--models-dir", models, "--max-streams", "2")
+    try:
+        d.load("q.gguf", "q", ctx=2048)
+        stub = d.stub()
+        long = pb2.GenerateRequest(model="q", text="hi", sampling=pb2.SamplingParams(temperature=0, max_tokens=1500))
+        held = [stub.Generate(long, timeout=120) for _ in range(2)]
+        next(held[0])
+        next(held[1])
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(pb2.GenerateRequest(model="q", text="hi"), timeout=30))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 generations" in e.value.details()
+        assert time.monotonic() - t0 < 5
+        assert d.status().models[0].name == "q"
+        held[0].cancel()
+        deadline = time.monotonic() + 30
+        while True:  # the place frees once the server has seen the cancel
+            try:
+                list(stub.Generate(pb2.GenerateRequest(model="q", text="hi", sampling=pb2.SamplingParams(max_tokens=2)),
+                                   timeout=30))
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.1)
+        held[1].cancel()
+    finally:
+        d.stop()
