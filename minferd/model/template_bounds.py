@@ -2,12 +2,15 @@
 on every Chat; Jinja's sandbox keeps it from reaching Python's internals but not from looping 10^10
 times (nested `range(100000)` loops pass its MAX_RANGE) or building a 10 GB string in one step.
 
-Two bounds, together:
+Three bounds, together:
 - work: a tracer, set only for the render's thread and only while it renders, counts every Python
   line run (the template's compiled code, and the filters and runtime it calls into) and stops the
   render past TEMPLATE_STEPS lines or TEMPLATE_SECONDS;
 - size: no single operation may build a value past MAX_RENDERED_BYTES characters (or items), checked
-  before it runs, since one C-level `'x' * 10**10` takes no lines and all the memory.
+  before it runs, since one C-level `'x' * 10**10` takes no lines and all the memory;
+- hoard: the values of a MB or more one render builds add up to at most MAX_BIG_TOTAL, so keeping
+  many values each within bounds (24 x 8 MB in a namespace's list held 192 MB) is refused too.
+  Values under a MB do not count: a conversation built up message by message stays free.
 A normal render stays exactly as Jinja renders it: the checks only refuse.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import threading
 import time
 
 from jinja2.compiler import CodeGenerator, optimizeconst
@@ -29,6 +33,9 @@ MAX_INT_BITS = 1 << 16  # far past any number a template prints (str() refuses 4
 # and the tools and content lists a template prints hold hundreds.
 MAX_PRINTED_ITEMS = 1 << 16
 _SEQUENCES = (str, list, tuple)
+BIG_VALUE = 1 << 20  # values at least this long count toward a render's MAX_BIG_TOTAL
+MAX_BIG_TOTAL = 4 * MAX_VALUE
+_rendering = threading.local()  # .budget: the Budget of the render running on this thread
 
 
 class OverBudget(BaseException):
@@ -44,16 +51,19 @@ class Budget:
         self.limit = config.TEMPLATE_STEPS if steps is None else steps
         self.seconds = config.TEMPLATE_SECONDS if seconds is None else seconds
         self.steps = 0
+        self.big = 0  # characters (or items) in the values of BIG_VALUE or more built so far
 
     def __enter__(self):
         self._deadline = time.monotonic() + self.seconds
         self._next = min(4096, self.limit)
         self._previous = sys.gettrace()  # a debugger's or coverage's tracer comes back afterwards
+        _rendering.budget = self
         sys.settrace(self._frame)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(self._previous)
+        _rendering.budget = None
 
     def _frame(self, frame, event, arg):  # a new frame: trace its lines
         if frame.f_code.co_filename == __file__:
@@ -148,9 +158,21 @@ def check_args(args, kwargs, what: str) -> None:
 
 
 def check_result(value, what: str):
-    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_VALUE:
-        refuse(f"{what} made a value of {len(value)}, over {MAX_VALUE}")
+    if isinstance(value, (str, list, tuple, dict)):
+        if len(value) > MAX_VALUE:
+            refuse(f"{what} made a value of {len(value)}, over {MAX_VALUE}")
+        charge(len(value), what)
     return value
+
+
+def charge(size: int, what: str) -> None:
+    """Count a value of BIG_VALUE or more toward the running render's MAX_BIG_TOTAL."""
+    budget = getattr(_rendering, "budget", None) if size >= BIG_VALUE else None
+    if budget is not None:
+        budget.big += size
+        if budget.big > MAX_BIG_TOTAL:
+            refuse(f"{what}: this render has built {budget.big} characters in values of {BIG_VALUE} or more, "
+                   f"over {MAX_BIG_TOTAL}")
 
 
 def _replaced_size(s, old, new, count=None) -> int:
@@ -286,6 +308,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             total += len(p) if isinstance(p, str) else weight(p)
             if total > MAX_VALUE:
                 refuse(f"~ would make more than {MAX_VALUE} characters")
+        charge(total, "~")
         return parts
 
     @staticmethod

@@ -109,6 +109,8 @@ BAD = {  # name -> (template, words the refusal names)
                         "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}"), "output"),
     "long output": ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "rendered"),
     "recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    "hoard": (("{% set ns = namespace(x=[]) %}{% for i in range(24) %}{% set ns.x = ns.x + ['y' * 8000000] %}"
+               "{% endfor %}{{ ns.x|length }}"), "this render has built"),
 }
 
 
@@ -160,3 +162,13 @@ def test_a_template_that_does_not_compile_is_found_at_load():
 def test_an_oversized_template_is_found_at_load():
     problem = tokenizer_with("x" * (config.MAX_TEMPLATE_BYTES + 1)).check_chat_template()
     assert problem and str(config.MAX_TEMPLATE_BYTES) in problem
+
+
+def test_a_long_conversation_built_up_piece_by_piece_is_not_a_hoard():
+    """Values under a MB never count toward the hoard bound: 2000 messages of 400 characters, the
+    output (800 KB) grown by ~ one message at a time, render as the plain sandbox renders them."""
+    source = ("{% set ns = namespace(out='') %}{% for m in messages %}"
+              "{% set ns.out = ns.out ~ m['role'] ~ ': ' ~ m['content'] ~ '\\n' %}{% endfor %}{{ ns.out }}")
+    msgs = [{"role": "user", "content": "x" * 400} for _ in range(2000)]
+    want = ImmutableSandboxedEnvironment().from_string(source).render(messages=msgs)
+    assert chat_template.render(source, msgs) == want and len(want) > 800_000
