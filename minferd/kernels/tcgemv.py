@@ -21,7 +21,7 @@ from .quant import TYPES, QuantType, by_name
 
 SUPPORTED: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
 MAX_M = 64
-NT8S = (2, 4, 8)  # 8-token tiles: batches of <= 16, 32, 64
+NT8S = (1, 2, 4, 8)  # 8-token tiles: batches of <= 8 (beside mmvq, for bench/crossover.py), 16, 32, 64
 # name -> (warps a CTA, splitting its rows' K between them; blocks a warp loads before decoding
 # any). bench/mmq_small.py times them; CONFIG runs.
 CONFIGS: dict[str, tuple[int, int]] = {"base": (4, 1), "unr2": (4, 2), "kw8": (8, 1)}
