@@ -152,6 +152,11 @@ class OpenAIFront:
             raise HttpError(400, f"request body is not JSON: {excerpt(str(e))}") from None
         if not isinstance(body, dict):
             raise HttpError(400, "request body must be a JSON object")
+        try:  # json.loads lets lone surrogates through (from an escape like \ud800, or encoded ones)
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise HttpError(400, f"request body holds text that is not valid Unicode (a lone surrogate at "
+                                 f"{e.start}): {excerpt(e.object[max(0, e.start - 20):e.start + 20])}") from None
         if body.get("n", 1) != 1:
             raise HttpError(400, "n: only 1 completion per request is supported")
         return body

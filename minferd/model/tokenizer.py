@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import codecs
 import functools
+import re
 import threading
 
 import numpy as np
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from minferd.errors import InvalidRequest
 from minferd.model import chat_template
 from minferd.model.vocab_rules import (BYTE, CONTROL, NORMAL, PRE, UNKNOWN, USER_DEFINED,
                                        llama_cpp_overrides)
 
 _SPLIT_OUT = (UNKNOWN, CONTROL, USER_DEFINED)  # llama.cpp cuts these out of text before BPE
 _LONG_TEXT = 1 << 14  # characters; longer texts are encoded without holding the GIL
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only a Python str can hold one: no UTF-8 encodes it
 
 
 _KEYS = (
@@ -175,6 +178,9 @@ class Tokenizer:
         return int(self._types[token_id]) in (CONTROL, UNKNOWN)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        if (bad := _SURROGATE.search(text)) is not None:  # the Rust tokenizer takes only valid UTF-8
+            raise InvalidRequest(f"text holds a lone surrogate (U+{ord(bad.group()):04X}) at {bad.start()}: "
+                                 f"not valid Unicode")
         with self._lock:
             # encode_special_tokens=True makes HF treat control tokens as plain text; user-defined
             # tokens stay cut out either way, as in llama.cpp.

@@ -144,6 +144,12 @@ def test_oversized_and_malformed_bodies_are_refused(front):
     assert code == 413
     code, body = post(b'{"model": "tiny", "prompt": [1, 2], "n": 3}')
     assert code == 400 and b"only 1" in body
+    # Lone surrogates, which json.loads lets through (an escape, or the bytes of an encoded one):
+    # the tokenizer takes valid UTF-8 only, and this was a 500.
+    for bad in (b'{"model": "tiny", "prompt": "\\ud800 hi", "max_tokens": 2}',
+                b'{"model": "tiny", "prompt": "\xed\xa0\x80", "max_tokens": 2}'):
+        code, body = post(bad)
+        assert code == 400 and b"lone surrogate" in body and b"invalid_request_error" in body, (bad, code, body)
     assert [m.name for m in d.status().models] == ["tiny"]
     assert client.completions.create(model="tiny", prompt="still here", max_tokens=2).usage.completion_tokens == 2
 

@@ -207,3 +207,11 @@ def test_unsupported_tokenizer():
         Tokenizer.from_metadata(md | {"tokenizer.ggml.pre": "no-such-pre"})
     with pytest.raises(ValueError, match="model"):
         Tokenizer.from_metadata(md | {"tokenizer.ggml.model": "bert"})
+
+
+def test_a_lone_surrogate_is_an_invalid_request(gemma):
+    """Only a Python str holds one (no UTF-8 encodes it): the Rust tokenizer would raise TypeError."""
+    from minferd.errors import InvalidRequest
+    with pytest.raises(InvalidRequest, match="lone surrogate .U\\+D800. at 3"):
+        gemma.encode("abc\ud800def")
+    assert gemma.encode("abc😀") == gemma.encode("abc😀")
