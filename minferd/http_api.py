@@ -275,7 +275,20 @@ class OpenAIFront:
         # drops a started generator, which asyncio closes, so its finally still runs.
         stream = sse()
         await stream.__anext__()
-        return StreamingResponse(stream, media_type="text/event-stream")
+        return ClosingStream(stream, media_type="text/event-stream")
+
+
+class ClosingStream(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends. When a client
+    leaves mid-stream Starlette cancels the sending task and leaves the generator suspended at its
+    yield; its finally, which ends the generation and frees the request's place, then ran only
+    when the garbage collector got to it (seconds, or never: a --http-max-requests place lost)."""
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 @functools.lru_cache(maxsize=1)
