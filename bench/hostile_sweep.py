@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile_attacks import *  # noqa: F401,F403,E402
+from hostile_transport import *  # noqa: F401,F403,E402
 from hostile_beyond import *  # noqa: F401,F403,E402
 from hostile_harness import *  # noqa: F401,F403,E402
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import itertools
 import json
 
 import anyio
@@ -37,6 +36,7 @@ from minferd.available import ensure_loaded, model_files
 from minferd.errors import (Aborted, Conflict, InvalidRequest, MinferdError, ModelFileError, NotFound, PermissionDenied,
                             excerpt)
 from minferd.host import Host
+from minferd.openai_reply import Reply
 from minferd.model.sampler import SamplingParams
 from minferd.pool.ledger import PoolExhausted
 from minferd.request_checks import CHAT_ROLES, check_chat, check_room, check_text_fits
@@ -46,10 +46,8 @@ ERRORS = ((InvalidRequest, 400, "invalid_request_error"), (ModelFileError, 400, 
           (NotFound, 404, "not_found_error"), (PermissionDenied, 403, "permission_error"),
           (PoolExhausted, 503, "server_error"), (MemoryError, 503, "server_error"), (Conflict, 409, "conflict_error"),
           (Aborted, 503, "server_error"))
-FINISH = {"stop": "stop", "length": "length", "ctx": "length"}
 SAMPLING = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repeat_penalty": float,
             "seed": int, "max_tokens": int}
-_ids = itertools.count(1)
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
@@ -300,56 +298,6 @@ def _status_page() -> tuple[str, str]:
     csp = (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; connect-src 'self'; "
            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
     return html, csp
-
-
-class Reply:
-    """One request's answer in OpenAI's shapes, from the host's stream of events."""
-
-    def __init__(self, model: str, chat: bool, n_prompt: int, usage_in_stream: bool):
-        self.model, self.chat, self.n_prompt, self.usage_in_stream = model, chat, n_prompt, usage_in_stream
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{next(_ids)}"
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-        self.result, self.pieces = None, 0  # the GenerationResult once done; tokens seen so far
-
-    def usage(self, res) -> dict:
-        return {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids),
-                "total_tokens": res.prompt_tokens + len(res.token_ids)}
-
-    def whole(self, events) -> dict:
-        res = self.result = next(a for kind, a, _ in events if kind == "done")
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}}
-        else:
-            choice = {"index": 0, "text": res.text, "logprobs": None}
-        choice["finish_reason"] = FINISH.get(res.finish_reason, res.finish_reason)
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage(res)}
-
-    def _chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict:
-        if self.chat:
-            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
-
-    def chunks(self, first, events):
-        if self.chat:
-            yield self._chunk(None, None, first=True)
-        for kind, a, b in itertools.chain([first] if first else [], events):
-            if kind == "piece":
-                self.pieces += a >= 0
-                if b:
-                    yield self._chunk(b, None)
-            elif kind == "done":
-                self.result = a
-                last = self._chunk(None, FINISH.get(a.finish_reason, a.finish_reason))
-                if self.usage_in_stream:
-                    last["usage"] = self.usage(a)
-                yield last
 
 
 def start(front: OpenAIFront, host: str, port: int):

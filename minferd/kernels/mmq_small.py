@@ -171,7 +171,31 @@ def quantize(x, buf=None, *, stream=None) -> QuantizedX:
 
 def _check_f32(a, shape, what: str) -> None:
     if a.dtype != np.float32 or tuple(a.shape) != shape or not a.flags.c_contiguous:
-        raise ValueError(f"mmq_small: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
+        raise ValueError(f"{what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
+
+
+def check_epilogue(kernel: str, out, bias, residual, M: int, N: int) -> None:
+    """out (M, N) and the optional bias (N,) and residual (M, N): what the split-K kernels write
+    and add (tcgemv's checks too)."""
+    _check_f32(out, (M, N), f"{kernel}: out")
+    if bias is not None:
+        _check_f32(bias, (N,), f"{kernel}: bias")
+    if residual is not None:
+        _check_f32(residual, (M, N), f"{kernel}: residual")
+
+
+def partials(kernel: str, part, need: int):
+    """The partials of a split K: the caller's (checked) or, with none given, allocated."""
+    import cupy
+    if part is None:
+        return cupy.empty(need // 4, cupy.float32)
+    if part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need:
+        raise ValueError(f"{kernel}: part must be contiguous float32 of >= {need} bytes")
+    return part
+
+
+def ptr(a) -> np.uint64:
+    return np.uint64(0 if a is None else a.data.ptr)
 
 
 def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None, stream=None,
@@ -191,30 +215,21 @@ def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None
         raise ValueError(f"mmq_small: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
     N = w.shape[0] if w.ndim == 2 else -1
     rb = check_rows(qt, w, K)
-    _check_f32(out, (M, N), "out")
-    if bias is not None:
-        _check_f32(bias, (N,), "bias")
-    if residual is not None:
-        _check_f32(residual, (M, N), "residual")
+    check_epilogue("mmq_small", out, bias, residual, M, N)
     if N == 0:
         return
     import cupy
-    sms = sm_count(cupy.cuda.Device().id)
-    s = _split_for(M, N, K, sms)
+    s = _split_for(M, N, K, sm_count(cupy.cuda.Device().id))
     need = 0 if s == 1 else s * M * N * 4
     with _stream(stream):
-        if need and part is None:
-            part = cupy.empty(need // 4, cupy.float32)
-        elif need and (part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need):
-            raise ValueError(f"mmq_small: part must be contiguous float32 of >= {need} bytes")
+        part = partials("mmq_small", part, need) if need else None
         smem = smem_bytes(qt, M, config)
         steps = -(-(xq.Kp // BK) // s)
-        ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
         _fn(kernel_name(qt, tile_m(M) // 8, config), smem)(
             (1, -(-N // BN), s), (WN * 32,),
             (w, np.int64(rb), np.int32(K // qt.block_elems), np.int32(N), np.int32(M), np.int32(xq.Mp),
              np.int32(xq.Kp), np.int32(steps), np.uint64(xq.xq), np.uint64(xq.xd), np.uint64(xq.xs),
-             np.uint64(xq.xs16), out, ptr(bias), ptr(residual), ptr(part if need else None)),
+             np.uint64(xq.xs16), out, ptr(bias), ptr(residual), ptr(part)),
             shared_mem=smem)
         if need:
             split_sum(part, s, M, N, bias, residual, out)
@@ -223,6 +238,5 @@ def mmq_small(qt, w, xq: QuantizedX, out, *, bias=None, residual=None, part=None
 def split_sum(part, s: int, M: int, N: int, bias, residual, out) -> None:
     """out (M, N) = the s partials part[z][m][n] summed in order, + bias + residual (None: none),
     on the current stream (tcgemv's splits too)."""
-    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
     _fn("mmq_split_sum")(((M * N + 255) // 256,), (256,),
                          (part, np.int32(s), np.int32(M), np.int32(N), ptr(bias), ptr(residual), out))

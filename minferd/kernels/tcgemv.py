@@ -16,7 +16,7 @@ import numpy as np
 
 from . import module
 from .dequant import check_rows
-from .mmq_small import sm_count, split_sum
+from .mmq_small import check_epilogue, partials, ptr, sm_count, split_sum
 from .quant import TYPES, QuantType, by_name
 
 SUPPORTED: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
@@ -86,11 +86,6 @@ def scratch_bound(widest: int) -> int:
     return MAX_PART_BYTES
 
 
-def _check_f32(a, shape, what: str) -> None:
-    if a.dtype != np.float32 or tuple(a.shape) != shape or not a.flags.c_contiguous:
-        raise ValueError(f"tcgemv: {what} must be C-contiguous float32 {shape}, got {a.dtype} {tuple(a.shape)}")
-
-
 def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
@@ -113,11 +108,7 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
         raise ValueError(f"tcgemv: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
     N = w.shape[0] if w.ndim == 2 else -1
     rb = check_rows(qt, w, K)
-    _check_f32(out, (M, N), "out")
-    if bias is not None:
-        _check_f32(bias, (N,), "bias")
-    if residual is not None:
-        _check_f32(residual, (M, N), "residual")
+    check_epilogue("tcgemv", out, bias, residual, M, N)
     if N == 0:
         return
     import cupy
@@ -125,15 +116,11 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
     kw = CONFIGS[config][0]
     need = 0 if s == 1 else s * M * N * 4
-    ptr = lambda a: np.uint64(0 if a is None else a.data.ptr)  # noqa: E731
     with _stream(stream):
-        if need and part is None:
-            part = cupy.empty(need // 4, cupy.float32)
-        elif need and (part.dtype != np.float32 or not part.flags.c_contiguous or part.nbytes < need):
-            raise ValueError(f"tcgemv: part must be contiguous float32 of >= {need} bytes")
+        part = partials("tcgemv", part, need) if need else None
         _fn(kernel_name(qt, M, config))((-(-N // (16 * row_tiles(M, qt))), s), (kw * 32,),
                                 (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
                                  np.int32(-(-nb // s)), x16, out, ptr(bias), ptr(residual),
-                                 ptr(part if need else None)))
+                                 ptr(part)))
         if need:
             split_sum(part, s, M, N, bias, residual, out)
