@@ -11,7 +11,8 @@
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
 #   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
 #            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
-#   small    mmq_small's and tcgemv's tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py)
+#   small    mmq_small's and tcgemv's tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
+#            NCU=1 adds ncu's stall reasons for tcgemv (bench/tc_once.py)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
@@ -119,8 +120,14 @@ fi
 if [ "$stage" = small ]; then
   # mmq_small's configs: their tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
   # then (CLIENTS set) serve.py's rounds alone.
-  TESTS="tests/cuda/test_mmq_small.py tests/cuda/test_tcgemv.py" cuda_tests ${TEST_LIMIT:-150}
-  python3 bench/mmq_small.py --json "$OUT/mmq_small.json" 2>&1 | tee "$OUT/mmq_small.log"
+  TESTS=${TESTS:-tests/cuda/test_mmq_small.py tests/cuda/test_tcgemv.py} cuda_tests ${TEST_LIMIT:-150}
+  python3 bench/mmq_small.py --ns ${NS:-16,32,64} --kernels ${KERNELS:-small,tc} --json "$OUT/mmq_small.json" 2>&1 | tee "$OUT/mmq_small.log"
+  # NCU=1: where tcgemv's warps stall, on the 7B's gate matrix at 16 rows (it works on this machine)
+  if [ -n "${NCU:-}" ]; then
+    timeout 150 ncu --clock-control none --kernel-name regex:tcgemv --section SpeedOfLight --section WarpStateStats \
+      --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis python3 bench/tc_once.py > "$OUT/ncu.txt" 2>&1
+    grep -E "Duration|DRAM Through|Issued Warp|Eligible Warps|stalled waiting" "$OUT/ncu.txt" | head -20
+  fi
   if [ -n "${CLIENTS:-}" ]; then
     q7b
     timeout 200 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients $CLIENTS --prompt-tokens 512 \

@@ -1,9 +1,10 @@
 """Every mmq_small config (minferd/kernels/mmq_small.py CONFIGS) and tcgemv on Qwen2.5-7B's shapes,
 timed as a decode step runs it: INNER launches in one CUDA graph over weight copies that defeat
-the L2 (bench/kernels.py), the x quantization included (once per launch), beside cuBLAS on the
-f16 copy. Also what each reaches of the HBM: the quantized bytes per microsecond.
+the L2 (bench/kernels.py), mmq_small's x quantization included (once per launch), beside cuBLAS on
+the f16 copy (tcgemv and cuBLAS read the f16 x a decode step's rmsnorm writes). Also what each
+reaches of the HBM: the quantized bytes per microsecond.
 
-    python bench/mmq_small.py [--types Q4_K,Q6_K] [--ns 16,32,64] [--reps 10] [--json F]
+    python bench/mmq_small.py [--types Q4_K,Q6_K] [--ns 16,32,64] [--kernels small,tc] [--reps 10] [--json F]
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K")
     ap.add_argument("--ns", default="16,32,64")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--kernels", default="small,tc", help="which to time beside cuBLAS: small (mmq_small), tc (tcgemv)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -41,7 +43,8 @@ def main(argv=None) -> int:
     sms = ms.sm_count(0)
     rng = np.random.default_rng(0)
     rows = []
-    names = list(ms.CONFIGS) + [f"tc_{c}" for c in tc.CONFIGS] + ["cublas"]
+    kinds = args.kernels.split(",")
+    names = (list(ms.CONFIGS) if "small" in kinds else []) + ([f"tc_{c}" for c in tc.CONFIGS] if "tc" in kinds else []) + ["cublas"]
     print(f"{'type':5s} {'N x K':>13s} {'n':>3s} " + " ".join(f"{c:>9s}" for c in names) + "  (us; best GB/s)")
     for name in args.types.split(","):
         qt = TYPES[name]
@@ -53,22 +56,23 @@ def main(argv=None) -> int:
             ws, w16s = [w] + [w.copy() for _ in range(copies - 1)], [w16] + [w16.copy() for _ in range(copies - 1)]
             for n in (int(v) for v in args.ns.split(",")):
                 x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+                x16 = x.astype(cp.float16)  # written by rmsnorm / the activation in a decode step
                 y = cp.empty((n, N), cp.float32)
                 xbuf = cp.empty(ms.x_bytes(n, K), cp.uint8)
                 part = cp.empty(max(ms.part_bytes(n, N, K, sms), 4) // 4, cp.float32)
                 us = {}
-                for c in ms.CONFIGS:
+                for c in (ms.CONFIGS if "small" in kinds else ()):
                     make = lambda i, c=c: lambda: ms.mmq_small(qt, ws[i % copies], ms.quantize(x, xbuf), y,  # noqa: E731
                                                                part=part, config=c)
                     us[c] = round(time_graph(cp, [make(i) for i in range(INNER)], args.reps) * 1e6, 2)
-                if name in tc.SUPPORTED:
-                    for c in tc.CONFIGS:  # x cast to f16 each call, as for cublas
+                if name in tc.SUPPORTED and "tc" in kinds:
+                    for c in tc.CONFIGS:
                         tpart = cp.empty(max(tc.part_bytes(n, N, K, qt, sms, c), 4) // 4, cp.float32)
-                        launches = [lambda i=i, c=c, tpart=tpart: tc.tcgemv(qt, ws[i % copies], x.astype(cp.float16),
+                        launches = [lambda i=i, c=c, tpart=tpart: tc.tcgemv(qt, ws[i % copies], x16,
                                                                             y, part=tpart, config=c)
                                     for i in range(INNER)]
                         us[f"tc_{c}"] = round(time_graph(cp, launches, args.reps) * 1e6, 2)
-                us["cublas"] = round(time_graph(cp, [lambda i=i: gemm_f32(x.astype(cp.float16), w16s[i % copies], y)
+                us["cublas"] = round(time_graph(cp, [lambda i=i: gemm_f32(x16, w16s[i % copies], y)
                                                      for i in range(INNER)], args.reps) * 1e6, 2)
                 best = min(v for c, v in us.items() if c != "cublas")
                 rows.append({"type": name, "N": N, "K": K, "n": n, "us": us, "best_gbs": round(w.nbytes / best / 1e3, 1)})

@@ -56,7 +56,7 @@ def compile_module(lib, name: str, exprs=(), opts=()) -> int:
     lib.nvrtcGetProgramLog(prog, log)
     print(f"{name}: {'ok' if rc == 0 else 'FAILED'} in {time.time() - t:.1f} s, {len(exprs)} name expressions")
     if log.value.strip():
-        print(log.value.decode()[:6000])
+        print(log.value.decode()[:int(os.environ.get("NVRTC_LOG_CHARS", 6000))])
     return rc
 
 

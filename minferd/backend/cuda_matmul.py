@@ -85,9 +85,9 @@ class CudaMatmuls:
         With its f16 copy a matmul runs cuBLAS on it; without (a quantized plan, or a W16 model
         whose copy was demoted) the kernels that read the quantized bytes: fused_b, dequantized
         tiles through cuBLAS, and mmq for its types unless the plan is FUSED_B. Up to 64 rows
-        mmq_small and tcgemv compete with both (bench/crossover.py --graph: mmq_small wins for
-        the quantized plans, and against cuBLAS only on Q4_K's large matrices at 9-16 rows;
-        tcgemv has no rows in the table yet, so only MINFERD_PREFILL_KERNEL=tc picks it)."""
+        mmq_small and tcgemv compete with both (bench/crossover.py --graph, 2026-12-01 s9: tcgemv
+        wins most 9-32-row shapes of the 7B, over cuBLAS on the copy too; cuBLAS keeps Q6_K's
+        large matrices and most of 64 rows)."""
         # A decode batch of 9-64 rows may read the quantized bytes once instead.
         small = () if n > mmq_small.MAX_M or not self.small_batch else \
             (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())

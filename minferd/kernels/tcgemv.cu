@@ -16,11 +16,12 @@
 // c = lane%4) holds rows g, g+8 at logical k {2c, 2c+1} and {2c+8, 2c+9}. A k-step may take any
 // 16 elements of a row as its logical k, so long as x's fragments take the same ones: lane c
 // takes 4 physical elements e0..e3 that lie together in the block (four nibbles or bytes of one
-// u32), (e0, e2) as logical {2c, 2c+1} and (e1, e3) as {2c+8, 2c+9} (the magic OR splits a word
-// into bytes 0,2 and 1,3). x is the f16 copy of the activations the cuBLAS path reads too (rmsnorm
-// and the gated activation write it): one 8-byte load of e0..e3 and two byte permutes give a lane
-// both of its B registers (x_frag). Each type says which elements step k gives lane c
-// (TcW<T>::xoff) and how to make them (frag).
+// u32), (e0, e1) as logical {2c, 2c+1} and (e2, e3) as {2c+8, 2c+9} (magic_pairs puts bytes 0, 1
+// and 2, 3 of a word into f16 pairs). x is the f16 copy of the activations the cuBLAS path reads
+// too (rmsnorm and the gated activation write it): one 8-byte load of e0..e3 is both of a lane's
+// B registers (x_frag). Each type says which elements step k gives lane c (TcW<T>::xoff), how to
+// load a block (fetch: loads only), what to make of it once landed (prep) and how to make step k's
+// A registers (frag).
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_tcgemv.py).
 #include "blocks.cuh"
@@ -43,35 +44,78 @@ __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
   return r;
 }
 #endif
-__device__ __forceinline__ u32 h2_of(float v) { return pack_h2(v, v); }
-// (1024 + lo) as two f16: bytes 0 and 2 of v (under the mask) OR'd into the exponent of 1024.
+// 1024 in each half of an f16 pair: (1024 + b) for a byte b is exact, and b = (1024 + b) - 1024.
 constexpr u32 MAGIC_H2 = 0x64006400u;
+// Bytes 0, 1 and 2, 3 of v as the f16 pairs (1024 + byte): each byte under the mantissa of 1024.
+__device__ __forceinline__ void magic_pairs(u32 v, u32& lo, u32& hi) {
+  lo = __byte_perm(v, 0x64646464u, 0x4140);
+  hi = __byte_perm(v, 0x64646464u, 0x4342);
+}
+// Half 0 or half 1 of an f16 pair in both halves (as PTX moves, which ptxas folds into the
+// f16x2 op that reads them as an operand swizzle).
+#ifndef MINFERD_HOST_TEST
+__device__ __forceinline__ u32 bcast_lo(u32 v) {
+  u32 r;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l};}" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ u32 bcast_hi(u32 v) {
+  u32 r;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h};}" : "=r"(r) : "r"(v));
+  return r;
+}
+#else
+static inline u32 bcast_lo(u32 v) { return (v & 0xFFFFu) * 0x10001u; }
+static inline u32 bcast_hi(u32 v) { return (v >> 16) * 0x10001u; }
+#endif
 
 template <int TYPE> struct TcW;
+
+// A u32 at p, 4-aligned when A4, else 2-aligned (two u16 loads).
+template <bool A4> __device__ __forceinline__ u32 ld32(const u8* p) { return A4 ? ld32_a4(p) : ld32_a2(p); }
 
 // Q4_K, 144 B (16-aligned): d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
 // sub-block j's element i is the low (j even) or high nibble of qs[32*(j/2) + i]. Step k: sub-block
 // j = k/2, elements 8c + 4(k%2) .. +3: one u32 of the uint2 a lane loads per pair of sub-blocks.
+// The eight d*sc and -dmin*m are made in f16 pairs by prep, once the loads have landed (fetch only
+// issues them: a warp's loads for blocks ahead stay in flight); the f16 product of the exact f16 d
+// and a 6-bit integer rounds once, as the f32 product rounded to f16 does.
 template <> struct TcW<T_Q4_K> {
   static constexpr int QK = 256, BB = 144, STEPS = 16;
+  static constexpr bool XPAIR = true;  // xoff(k + 1) = xoff(k) + 4 for even k: one 16-byte x load
   uint4 hdr;
   uint2 q[4];
+  u32 s[4], nm[4];  // pairs (j, j+1) for j = 0, 2, 4, 6: s = d * sc_j, nm = -dmin * m_j
   __device__ __forceinline__ static int xoff(int k, int c) { return 32 * (k >> 1) + 8 * c + 4 * (k & 1); }
   __device__ __forceinline__ void fetch(const u8* b, int c) {
     hdr = ld128_a16(b);
 #pragma unroll
     for (int p = 0; p < 4; ++p) q[p] = ld64_a8(b + 16 + 32 * p + 8 * c);
   }
+  __device__ __forceinline__ void prep() {
+    // ggml's get_scale_min_k4: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7
+    // (mins); 4-7 from the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
+    const u32 sc03 = hdr.y & 0x3F3F3F3Fu, m03 = hdr.z & 0x3F3F3F3Fu;
+    const u32 sc47 = (hdr.w & M4) | ((hdr.y >> 2) & 0x30303030u), m47 = ((hdr.w >> 4) & M4) | ((hdr.z >> 2) & 0x30303030u);
+    const u32 d2 = bcast_lo(hdr.x), nd2 = bcast_hi(hdr.x) ^ 0x80008000u;  // (d, d), (-dmin, -dmin)
+    u32 lo, hi;
+    magic_pairs(sc03, lo, hi);
+    s[0] = hmul2(hsub2(lo, MAGIC_H2), d2), s[1] = hmul2(hsub2(hi, MAGIC_H2), d2);
+    magic_pairs(sc47, lo, hi);
+    s[2] = hmul2(hsub2(lo, MAGIC_H2), d2), s[3] = hmul2(hsub2(hi, MAGIC_H2), d2);
+    magic_pairs(m03, lo, hi);
+    nm[0] = hmul2(hsub2(lo, MAGIC_H2), nd2), nm[1] = hmul2(hsub2(hi, MAGIC_H2), nd2);
+    magic_pairs(m47, lo, hi);
+    nm[2] = hmul2(hsub2(lo, MAGIC_H2), nd2), nm[3] = hmul2(hsub2(hi, MAGIC_H2), nd2);
+  }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
     const int j = k >> 1, p = j >> 1;
-    const u32 scw = p < 2 ? (hdr.y & 0x3F3F3F3Fu) : ((hdr.w & M4) | ((hdr.y >> 2) & 0x30303030u));
-    const u32 mw = p < 2 ? (hdr.z & 0x3F3F3F3Fu) : (((hdr.w >> 4) & M4) | ((hdr.z >> 2) & 0x30303030u));
-    const int sh = 8 * (j & 3);  // ggml's get_scale_min_k4: sub-block j's byte in its word
-    const float d = h2f((u16)hdr.x), dmin = h2f((u16)(hdr.x >> 16));
-    const u32 s = h2_of(d * (float)((scw >> sh) & 0xFF)), nm = h2_of(-dmin * (float)((mw >> sh) & 0xFF));
-    const u32 w = ((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1));
-    p0 = hfma2(hsub2((w & 0x000F000Fu) | MAGIC_H2, MAGIC_H2), s, nm);
-    p1 = hfma2(hsub2(((w >> 8) & 0x000F000Fu) | MAGIC_H2, MAGIC_H2), s, nm);
+    const u32 sj = (j & 1) ? bcast_hi(s[p]) : bcast_lo(s[p]), nmj = (j & 1) ? bcast_hi(nm[p]) : bcast_lo(nm[p]);
+    const u32 w = (((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1))) & M4;
+    u32 lo, hi;
+    magic_pairs(w, lo, hi);
+    p0 = hfma2(hsub2(lo, MAGIC_H2), sj, nmj);
+    p1 = hfma2(hsub2(hi, MAGIC_H2), sj, nmj);
   }
 };
 
@@ -81,31 +125,42 @@ template <> struct TcW<T_Q4_K> {
 // group of one scale, lane c's elements l = 16(l/16) + 4c .. +3.
 template <> struct TcW<T_Q6_K> {
   static constexpr int QK = 256, BB = 210, STEPS = 16;
+  static constexpr bool XPAIR = false;
   u32 ql[2][2][2], qh[2][2], sc[4];
   u16 dh;
   __device__ __forceinline__ static int xoff(int k, int c) {
     return 128 * (k >> 3) + 32 * ((k >> 1) & 3) + 16 * (k & 1) + 4 * c;
   }
+  __device__ __forceinline__ void prep() {}
+  // Every u32 lies at a multiple of 4 from the block: all are 4-aligned when the block is (even
+  // blocks of rows with an even block count), and half the loads suffice.
   __device__ __forceinline__ void fetch(const u8* b, int c) {
+    if ((reinterpret_cast<size_t>(b) & 3) == 0) load<true>(b, c);
+    else load<false>(b, c);
+  }
+  template <bool A4> __device__ __forceinline__ void load(const u8* b, int c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int is = 0; is < 2; ++is) {
-        qh[h][is] = ld32_a2(b + 128 + 32 * h + 16 * is + 4 * c);
+        qh[h][is] = ld32<A4>(b + 128 + 32 * h + 16 * is + 4 * c);
 #pragma unroll
-        for (int r1 = 0; r1 < 2; ++r1) ql[h][r1][is] = ld32_a2(b + 64 * h + 32 * r1 + 16 * is + 4 * c);
+        for (int r1 = 0; r1 < 2; ++r1) ql[h][r1][is] = ld32<A4>(b + 64 * h + 32 * r1 + 16 * is + 4 * c);
       }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) sc[i] = ld32_a2(b + 192 + 4 * i);
+    for (int i = 0; i < 4; ++i) sc[i] = ld32<A4>(b + 192 + 4 * i);
     dh = ld16(b + 208);
   }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
     const int h = k >> 3, r = (k >> 1) & 3, is = k & 1, si = 8 * h + 2 * r + is;
     const u32 lw = ql[h][r & 1][is] >> (4 * (r >> 1)), hw = qh[h][is] >> (2 * r);
-    const u32 s = h2_of(h2f(dh) * (float)(int)(i8)(sc[si >> 2] >> (8 * (si & 3))));
+    const float sf = h2f(dh) * (float)(int)(i8)(sc[si >> 2] >> (8 * (si & 3)));
+    const u32 s = pack_h2(sf, sf);
     const u32 off = 0x64206420u;  // 1024 + 32 in each half: (1024 + q) - 1056 = q - 32, exact
-    p0 = hmul2(hsub2((lw & 0x000F000Fu) | ((hw & 0x00030003u) << 4) | MAGIC_H2, off), s);
-    p1 = hmul2(hsub2(((lw >> 8) & 0x000F000Fu) | (((hw >> 8) & 0x00030003u) << 4) | MAGIC_H2, off), s);
+    u32 lo, hi;
+    magic_pairs((lw & M4) | ((hw << 4) & 0x30303030u), lo, hi);
+    p0 = hmul2(hsub2(lo, off), s);
+    p1 = hmul2(hsub2(hi, off), s);
   }
 };
 
@@ -113,50 +168,87 @@ template <> struct TcW<T_Q6_K> {
 // 1024 + q + 128 exact in f16.
 template <> struct TcW<T_Q8_0> {
   static constexpr int QK = 32, BB = 34, STEPS = 2;
+  static constexpr bool XPAIR = false;
   u32 q[2];
   u16 dh;
   __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
   __device__ __forceinline__ void fetch(const u8* b, int c) {
     dh = ld16(b);
-    q[0] = ld32_a2(b + 2 + 4 * c);
-    q[1] = ld32_a2(b + 18 + 4 * c);
+    if ((reinterpret_cast<size_t>(b) & 3) == 2) {  // the int8s 4-aligned
+      q[0] = ld32<true>(b + 2 + 4 * c);
+      q[1] = ld32<true>(b + 18 + 4 * c);
+    } else {
+      q[0] = ld32<false>(b + 2 + 4 * c);
+      q[1] = ld32<false>(b + 18 + 4 * c);
+    }
   }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
-    const u32 s = h2_of(h2f(dh)), w = q[k] ^ 0x80808080u, off = 0x64806480u;  // 1024 + 128
-    p0 = hmul2(hsub2((w & 0x00FF00FFu) | MAGIC_H2, off), s);
-    p1 = hmul2(hsub2(((w >> 8) & 0x00FF00FFu) | MAGIC_H2, off), s);
+    const u32 s = (u32)dh * 0x10001u, off = 0x64806480u;  // 1024 + 128
+    u32 lo, hi;
+    magic_pairs(q[k] ^ 0x80808080u, lo, hi);
+    p0 = hmul2(hsub2(lo, off), s);
+    p1 = hmul2(hsub2(hi, off), s);
   }
 };
 
-// B registers of a lane from 4 consecutive f16 of x at p (8-aligned): (e0, e2) and (e1, e3).
+// B registers of a lane from 4 consecutive f16 of x at p (8-aligned): (e0, e1) and (e2, e3).
 __device__ __forceinline__ void x_frag(const u16* p, u32& b0, u32& b1) {
   const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-  b0 = __byte_perm(v.x, v.y, 0x5410);
-  b1 = __byte_perm(v.x, v.y, 0x7632);
+  b0 = v.x;
+  b1 = v.y;
 }
 
-// Grid (ceil(N / (16 RT)), splits); a CTA is KW warps on the same 16 RT rows, warp w taking the
-// blocks b = b0 + w, b0 + w + KW, ... of its split's range [z*bps, (z+1)*bps), UNR at a time. x16: f16
-// (M, K); the token rows of a tile past M read row M-1 again, and their sums are never stored (a
-// column of the mma's output depends on its own column of B only). part == nullptr: one split,
-// out gets bias and residual; else part[z][m][n].
-template <int TYPE, int NT8, int RT, int KW, int UNR>
+#ifndef MINFERD_HOST_TEST
+// The f16 elements of x a staged row holds: 256 of K (one Q4_K / Q6_K block, eight Q8_0 blocks)
+// and a pad that keeps the 8 token rows a B load reads on distinct banks (16-byte loads:
+// a row is 36 16-byte units, = 4 mod 8; 8-byte loads: 136 words, = 8 mod 32).
+template <typename T> __host__ __device__ constexpr int stage_row() { return 256 + (T::XPAIR ? 32 : 16); }
+
+// Grid (ceil(N / (16 RT KW)), splits); a CTA is KW warps, warp w owning the 16 RT rows at
+// blockIdx.x * 16 RT KW + 16 RT w, all of them walking the split's blocks [z*bps, (z+1)*bps) in
+// stages of 256 elements of K: the CTA copies each stage's x (8 NT8 token rows) into shared memory
+// once, a stage ahead (cp.async, two buffers), and every warp reads its B fragments there. (x read
+// from global memory by every warp was 3.5x the weight bytes in L1 traffic, and ncu found the
+// warps stalled on it: 65% of cycles long-scoreboard, 0.27 issues a cycle.) Token rows past M read
+// row M-1 again, and their sums are never stored (a column of the mma's output depends on its own
+// column of B only). PF: a warp issues the weight loads of the block PF ahead before it decodes
+// this one (PF + 1 blocks in registers), so its bytes stay in flight while it decodes.
+// part == nullptr: one split, out gets bias and residual; else part[z][m][n] (mmq_small's split_sum
+// adds them: a last-CTA reduction in the kernel, tried, was latency-bound on one CTA's 128 threads
+// and took 3584 x 3584 at 16 tokens from 11 to 18 us).
+template <int TYPE, int NT8, int RT, int KW, int PF>
 __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
        float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
        float* __restrict__ part) {
   typedef TcW<TYPE> T;
+  constexpr int SB = 256 / T::QK, XS = stage_row<T>(), TOK = 8 * NT8;
+  extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
   const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int row0 = blockIdx.x * 16 * RT, z = blockIdx.y;
+  const int row0 = (blockIdx.x * KW + kw) * 16 * RT, z = blockIdx.y;
   const int b0 = z * bps, b1 = min(nb, b0 + bps);
   const u8* rp[RT][2];
 #pragma unroll
   for (int t = 0; t < RT; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) rp[t][h] = W + (i64)min(row0 + 16 * t + g + 8 * h, N - 1) * row_bytes;
-  const u16* xr[NT8];
+
+  // Stage (blocks bs .. bs + SB - 1) into buffer buf: warp w copies token rows w, w + KW, ..., a
+  // lane one 16-byte chunk of each; chunks past the split's last block are not copied (never read).
+  const int kend = b1 * T::QK;
+  const u32 xs0 = saddr(xs) + 16 * lane;
+  auto stage = [&](int buf, int bs) {
+    const int e = bs * T::QK + 8 * lane;
+    if (e < kend) {
 #pragma unroll
-  for (int n = 0; n < NT8; ++n) xr[n] = x16 + (i64)min(8 * n + g, M - 1) * K;
+      for (int j = 0; j < TOK / KW; ++j) {
+        const int r = kw + KW * j;
+        cp16(xs0 + 2 * (buf * TOK + r) * XS, x16 + min(r, M - 1) * K + e, 16);
+      }
+    }
+    cp_commit();
+  };
 
   float acc[RT][NT8][4];
 #pragma unroll
@@ -166,68 +258,68 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.f;
 
-  // UNR blocks' loads are issued before any of them is decoded: more bytes in flight per warp.
-  for (int b = b0 + kw; b < b1; b += KW * UNR) {
-    T w[UNR][RT][2];
+  T w[PF + 1][RT][2];  // w[0]: the block being decoded, w[i]: i ahead
+  auto fetch = [&](T (&dst)[RT][2], int b) {
 #pragma unroll
-    for (int u = 0; u < UNR; ++u)
-      if (b + u * KW < b1) {
+    for (int t = 0; t < RT; ++t)
 #pragma unroll
-        for (int t = 0; t < RT; ++t)
+      for (int h = 0; h < 2; ++h) dst[t][h].fetch(rp[t][h] + (i64)b * T::BB, c);
+  };
 #pragma unroll
-          for (int h = 0; h < 2; ++h) w[u][t][h].fetch(rp[t][h] + (i64)(b + u * KW) * T::BB, c);
-      }
+  for (int i = 0; i < PF; ++i)
+    if (b0 + i < b1) fetch(w[i], b0 + i);
+  stage(0, b0);
+  for (int bs = b0, si = 0; bs < b1; bs += SB, ++si) {
+    if (bs + SB < b1) stage((si + 1) & 1, bs + SB);
+    else cp_commit();  // an empty group: wait_group 1 below still means this stage's copy
+    cp_wait<1>();
+    __syncthreads();
+    const u16* xb = xs + (si & 1) * TOK * XS;
 #pragma unroll
-    for (int u = 0; u < UNR; ++u) {
-      if (b + u * KW >= b1) break;
+    for (int u = 0; u < SB; ++u) {
+      const int b = bs + u;
+      if (b >= b1) break;
+      if (b + PF < b1) fetch(w[PF], b + PF);
+      uint4 xq[NT8];  // XPAIR: steps k, k + 1's B registers from one load
 #pragma unroll
       for (int k = 0; k < T::STEPS; ++k) {
+        if (k == 0) {
+#pragma unroll
+          for (int t = 0; t < RT; ++t) w[0][t][0].prep(), w[0][t][1].prep();
+        }
         u32 a[RT][4];
 #pragma unroll
         for (int t = 0; t < RT; ++t) {
-          w[u][t][0].frag(k, a[t][0], a[t][2]);
-          w[u][t][1].frag(k, a[t][1], a[t][3]);
+          w[0][t][0].frag(k, a[t][0], a[t][2]);
+          w[0][t][1].frag(k, a[t][1], a[t][3]);
         }
-        const i64 xo = (i64)(b + u * KW) * T::QK + T::xoff(k, c);
+        const int xo = u * T::QK + T::xoff(k, c);
 #pragma unroll
         for (int n = 0; n < NT8; ++n) {
-          u32 b0, b1;
-          x_frag(xr[n] + xo, b0, b1);
+          const u16* xp = xb + (8 * n + g) * XS + xo;
+          u32 f0, f1;
+          if constexpr (T::XPAIR) {
+            if ((k & 1) == 0) xq[n] = *reinterpret_cast<const uint4*>(xp);
+            f0 = (k & 1) ? xq[n].z : xq[n].x;
+            f1 = (k & 1) ? xq[n].w : xq[n].y;
+          } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(xp);
+            f0 = v.x, f1 = v.y;
+          }
 #pragma unroll
-          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], b0, b1);
+          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], f0, f1);
         }
       }
+#pragma unroll
+      for (int i = 0; i < PF; ++i)
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) w[i][t][h] = w[i + 1][t][h];
     }
+    __syncthreads();  // the next iteration's stage() overwrites the buffer read two stages back
   }
 
-  // The KW warps' sums of the same outputs, added in a fixed tree (deterministic): each round the
-  // upper half of the warps still holding sums hands them to the lower half.
-  if constexpr (KW > 1) {
-    static_assert((KW & (KW - 1)) == 0, "KW must be a power of two");
-    __shared__ float red[KW / 2][RT * NT8 * 4][32];
-#pragma unroll
-    for (int half = KW / 2; half >= 1; half /= 2) {
-      if (kw >= half && kw < 2 * half) {
-#pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-          for (int n = 0; n < NT8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) red[kw - half][(t * NT8 + n) * 4 + e][lane] = acc[t][n][e];
-      }
-      __syncthreads();
-      if (kw < half) {
-#pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-          for (int n = 0; n < NT8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[t][n][e] += red[kw][(t * NT8 + n) * 4 + e][lane];
-      }
-      __syncthreads();
-    }
-    if (kw > 0) return;
-  }
   // Accumulator (t, n): e = 0, 1 row g, tokens 2c, 2c+1 of tile n; e = 2, 3 row g + 8.
 #pragma unroll
   for (int t = 0; t < RT; ++t)
@@ -246,3 +338,4 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
         }
       }
 }
+#endif

@@ -22,11 +22,12 @@ from .quant import TYPES, QuantType, by_name
 SUPPORTED: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
 MAX_M = 64
 NT8S = (1, 2, 4, 8)  # 8-token tiles: batches of <= 8 (beside mmvq, for bench/crossover.py), 16, 32, 64
-# name -> (warps a CTA, splitting its rows' K between them; blocks a warp loads before decoding
-# any). bench/mmq_small.py times them; CONFIG runs.
-CONFIGS: dict[str, tuple[int, int]] = {"base": (4, 1), "unr2": (4, 2), "kw8": (8, 1)}
+# name -> (warps a CTA, each on its own rows, all sharing the CTA's staged x; blocks ahead of the
+# one it decodes a warp has loads in flight for; 16-row tiles a warp holds, 0: row_tiles' choice;
+# CTAs an SM the K splits aim at). bench/mmq_small.py times them; CONFIG runs.
+CONFIGS: dict[str, tuple[int, int, int, int]] = {
+    "base": (4, 1, 0, 4), "nopf": (4, 0, 0, 4), "pf2": (4, 2, 0, 4)}
 CONFIG = "base"
-CTAS_PER_SM = 4
 MAX_PART_BYTES = 16 << 20
 
 
@@ -40,36 +41,50 @@ def nt8(M: int) -> int:
     return next(t for t in NT8S if 8 * t >= M)
 
 
-def row_tiles(M: int, qt: QuantType) -> int:
+def row_tiles(M: int, qt: QuantType, config: str = CONFIG) -> int:
     """16-row tiles a warp holds: two share each x fragment where x traffic would bind (33-64
-    tokens), but not for Q6_K, whose two tiles' decode state passes 255 registers (ptxas -v)."""
-    return 2 if nt8(M) == 8 and qt.name != "Q6_K" else 1
+    tokens, or as the config says), but not for Q6_K, whose two tiles' decode state passes 255
+    registers (ptxas -v)."""
+    if qt.name == "Q6_K":
+        return 1
+    return CONFIGS[config][2] or (2 if nt8(M) == 8 else 1)
 
 
 def kernel_name(qt: QuantType, M: int, config: str = CONFIG) -> str:
-    kw, unr = CONFIGS[config]
-    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt)}, {kw}, {unr}>"
+    kw, pf = CONFIGS[config][:2]
+    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt, config)}, {kw}, {pf}>"
 
 
 def names() -> tuple[str, ...]:
     return tuple(kernel_name(TYPES[t], 8 * n, c) for t in sorted(SUPPORTED) for n in NT8S for c in CONFIGS)
 
 
+def smem_bytes(M: int, K_stage: int = 256) -> int:
+    """The two staged x buffers a CTA holds (tcgemv.cu smem_bytes_of: rows of 256 elements padded
+    by 32, which serves the 16-pad types too)."""
+    return 2 * 8 * nt8(M) * (K_stage + 32) * 2
+
+
 @functools.lru_cache(maxsize=None)
-def _fn(name: str):
-    return module("tcgemv", names()).get_function(name)
+def _fn(name: str, smem: int):
+    f = module("tcgemv", names()).get_function(name)
+    f.max_dynamic_shared_size_bytes = smem  # 64 tokens pass the default 48 KB
+    return f
 
 
 def _stream(stream):
     return stream if stream is not None else contextlib.nullcontext()
 
 
+def rows_per_cta(M: int, qt: QuantType, config: str = CONFIG) -> int:
+    return 16 * row_tiles(M, qt, config) * CONFIGS[config][0]
+
+
 def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG) -> int:
-    """K splits (of whole blocks) per row tile: CTAS_PER_SM CTAs on every SM, each warp at least
-    one block, the partials under MAX_PART_BYTES, no split empty."""
-    kw = CONFIGS[config][0]
-    tiles = -(-N // (16 * row_tiles(M, qt)))
-    s = max(1, min(nb // kw or 1, -(-CTAS_PER_SM * sms // tiles)))
+    """K splits (of whole blocks) per CTA's rows: the config's CTAs on every SM, the partials under
+    MAX_PART_BYTES, no split empty."""
+    tiles = -(-N // rows_per_cta(M, qt, config))
+    s = max(1, min(nb, -(-CONFIGS[config][3] * sms // tiles)))
     while s > 1 and s * M * N * 4 > MAX_PART_BYTES:
         s -= 1
     return -(-nb // -(-nb // s))
@@ -90,7 +105,7 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
-    x16: cupy f16 (M, K) C-contiguous, 8-aligned, 1 <= M <= MAX_M, K % 32 == 0;
+    x16: cupy f16 (M, K) C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
     config: a CONFIGS key (benchmarks and tests)."""
     qt = _qt(qt)
@@ -98,8 +113,8 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
         raise ValueError(f"tcgemv: unknown config {config!r}")
     if qt.name not in SUPPORTED:
         raise ValueError(f"tcgemv: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
-    if x16.dtype != np.float16 or x16.ndim != 2 or not x16.flags.c_contiguous or x16.data.ptr % 8:
-        raise ValueError(f"tcgemv: x16 must be C-contiguous 8-aligned float16 (M, K), got {x16.dtype} {tuple(x16.shape)}")
+    if x16.dtype != np.float16 or x16.ndim != 2 or not x16.flags.c_contiguous or x16.data.ptr % 16:
+        raise ValueError(f"tcgemv: x16 must be C-contiguous 16-aligned float16 (M, K), got {x16.dtype} {tuple(x16.shape)}")
     M, K = x16.shape
     nt8(M)  # 1..MAX_M
     if K == 0 or K % 32:
@@ -116,11 +131,13 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
     kw = CONFIGS[config][0]
     need = 0 if s == 1 else s * M * N * 4
+    smem = smem_bytes(M)
+    cols = -(-N // rows_per_cta(M, qt, config))
     with _stream(stream):
         part = partials("tcgemv", part, need) if need else None
-        _fn(kernel_name(qt, M, config))((-(-N // (16 * row_tiles(M, qt))), s), (kw * 32,),
-                                (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
-                                 np.int32(-(-nb // s)), x16, out, ptr(bias), ptr(residual),
-                                 ptr(part)))
+        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,),
+                                              (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
+                                               np.int32(-(-nb // s)), x16, out, ptr(bias), ptr(residual),
+                                               ptr(part)), shared_mem=smem)
         if need:
             split_sum(part, s, M, N, bias, residual, out)

@@ -42,7 +42,10 @@ def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
     graph = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
     again = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))  # a replay
     assert graph.shape == (B, m.spec.n_vocab)
-    assert np.allclose(eager, graph, rtol=1e-4, atol=1e-4)
+    # The eager pass of B rows and the graph of B's bucket may choose different matmul kernels
+    # (the gate table is by row count: 40 rows against the 64-row bucket), so they agree within
+    # the path tolerance, not bit for bit.
+    assert np.abs(eager - graph).max() <= 2e-3 * np.abs(eager).max(), np.abs(eager - graph).max() / np.abs(eager).max()
     assert np.array_equal(graph, again)
     assert not any(g.eager for g in be.graphs.values())  # captured (cuBLAS too, for W16 past 8 rows)
 
@@ -57,6 +60,8 @@ def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     rng = np.random.default_rng(3)
     tables = [[0, 1, 2], [3, 4], [5]]
     ids = [rng.integers(0, 1000, n).tolist() for n in (70, 33, 9)]
+    written = [32 * blk + i for table, n in zip(tables, (70, 33, 9)) for j, blk in enumerate(table)
+               for i in range(32) if 32 * j + i < n]
     outs, kvs = [], []
     for how in ("eager", "rows"):
         cache = m.new_cache(be.untracked(), 8 * 32)
@@ -66,7 +71,9 @@ def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
         assert len(step.ids) == 20 + 33 + 1 and not step.is_decode
         logits = m.forward_batch(step, cache) if how == "eager" else be.run(m, step, cache)
         outs.append(be.to_host(logits))
-        kvs.append(cp.asnumpy(cache.k[1][:6 * 32]).astype(np.float32))
+        # Only the slots the tokens wrote: a fresh cache is not cleared, and the rest holds
+        # whatever the allocation held before.
+        kvs.append(cp.asnumpy(cache.k[1][cp.asarray(written)]).astype(np.float32))
     assert outs[1].shape == (3, m.spec.n_vocab)
     for a, b in ((outs[0], outs[1]), (kvs[0], kvs[1])):
         assert np.abs(a - b).max() <= 2e-3 * np.abs(a).max(), np.abs(a - b).max() / np.abs(a).max()

@@ -49,7 +49,7 @@ def test_matches_reference(name, M, to_device):
 def test_bias_residual_and_splits(name, split, to_device, monkeypatch):
     qt = TYPES[name]
     if not split:
-        monkeypatch.setattr(tc, "CTAS_PER_SM", 0)
+        monkeypatch.setitem(tc.CONFIGS, tc.CONFIG, tc.CONFIGS[tc.CONFIG][:3] + (0,))  # aim at 0 CTAs an SM: no split
     rng = np.random.default_rng(9 + qt.ggml_id)
     M, N, K = 24, 200, blocks(qt, 24)
     assert (tc.splits(qt, N, K // qt.block_elems, M, tc.sm_count(cp.cuda.Device().id)) > 1) == split

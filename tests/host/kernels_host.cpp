@@ -93,6 +93,7 @@ template <int T> static void tcgemv_rows(const u8* w, int rows, int K, const u16
           for (int h = 0; h < 2; ++h) {
             W wt;
             wt.fetch(w + (long long)std::min(r0 + g + 8 * h, rows - 1) * rb + (long long)b * W::BB, c);
+            wt.prep();
             wt.frag(k, a[h], a[2 + h]);
           }
           for (int h = 0; h < 2; ++h) {  // reg h: row g + 8h, k 2c, 2c+1; reg 2+h: k 2c+8, 2c+9
