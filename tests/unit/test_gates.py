@@ -72,7 +72,20 @@ def test_a_bad_table_is_refused_by_name(tmp_path, text):
 @pytest.mark.parametrize("N,K", [(3584, 3584), (3584, 18944), (512, 3584)])
 def test_decode_batches_of_a_quantized_plan_read_the_quantized_bytes_once(N, K):
     """The committed H200 table (graph-timed rows up to 64): for a plan without f16 copies,
-    mmq_small at 9-32 rows; with the copy, cuBLAS stays (mmq_small is within TIE of it at best)."""
+    mmq_small (offered alone) at 9-32 rows; with the copy, cuBLAS stays over it (mmq_small is within
+    TIE of it at best)."""
     for n in (9, 16, 32):
         assert gates.choose(("small",) + NO_COPY, "Q4_K", N, K, n) == "small"
         assert gates.choose(("cublas", "small"), "Q4_K", N, K, n) == "cublas"
+
+
+@pytest.mark.parametrize("N,K", [(3584, 3584), (3584, 18944), (512, 3584), (18944, 3584)])
+def test_decode_batches_of_16_take_tcgemv_over_cublas_on_the_copy(N, K):
+    """The committed H200 table (s9's graph-timed rows): Q4_K at 9-16 rows reads the quantized bytes
+    through tcgemv even where the f16 copy is there; at 64 rows cuBLAS on the copy stays; without
+    a copy tcgemv beats mmq_small at every batch of 9-64."""
+    for n in (9, 16):
+        assert gates.choose(("cublas", "small", "tc"), "Q4_K", N, K, n) == "tc"
+    assert gates.choose(("cublas", "small", "tc"), "Q4_K", N, K, 64) == "cublas"
+    for n in (9, 16, 32, 64):
+        assert gates.choose(("small", "tc") + NO_COPY, "Q4_K", N, K, n) == "tc"
