@@ -1,8 +1,9 @@
 // The mat-vec units of the K-quants (Q2_K..Q6_K, 256-element super-blocks), and UnitOf<TYPE>,
 // the table mmvq.cu picks a type's unit from. The shared loads and the 32-element types are in
-// mmvq_units.cuh.
+// mmvq_units.cuh, the table-lookup types in mmvq_units_iq.cuh.
 #pragma once
 #include "mmvq_units.cuh"
+#include "mmvq_units_iq.cuh"
 
 struct UQ2_K {  // 84 B, 4-aligned. Unit u: h = u/4, l = 8(u%4)..+7, for all 4 shifts j
   static constexpr int TYPE = T_Q2_K, QK = 256, BB = 84, U = 8;
@@ -201,3 +202,7 @@ template <> struct UnitOf<T_Q3_K> { typedef UQ3_K T; };
 template <> struct UnitOf<T_Q4_K> { typedef UQ4_K T; };
 template <> struct UnitOf<T_Q5_K> { typedef UQ5_K T; };
 template <> struct UnitOf<T_Q6_K> { typedef UQ6_K T; };
+// Host-checked (tests/unit/test_kernels_host.py); the GPU modules instantiate CUDA_TYPES only so far.
+template <> struct UnitOf<T_IQ4_NL> { typedef UIQ4_NL T; };
+template <> struct UnitOf<T_IQ4_XS> { typedef UIQ4_XS T; };
+template <> struct UnitOf<T_MXFP4> { typedef UMXFP4 T; };

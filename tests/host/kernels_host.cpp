@@ -27,6 +27,7 @@ struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+static inline int2 make_int2(int a, int b) { return {a, b}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct D3 { unsigned x, y, z; };
@@ -167,7 +168,7 @@ extern "C" int mv(int t, const u8* w, int rows, int K, const i8* xq, const float
   misaligned = 0;
   switch (t) {
 #define M(T) case T: mmvq_rows<T>(w, rows, K, xq, xds, kbp, n, out); return misaligned ? 2 : 0;
-    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14)
+    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14) M(20) M(23) M(39)
   }
   return 1;
 }

@@ -71,7 +71,7 @@ def test_decoders_equal_gguf_bit_for_bit(lib, name):
                 (name, rows, K, start)
 
 
-@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized])
+@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized] + ["IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_mmvq_units_match_f64(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
     for rows, K in ((5, 768), (3, qt.block_elems * 3)):
