@@ -33,22 +33,12 @@ __device__ __forceinline__ void lut_unit(u32 a, u32 b, u32* q) {
   q[0] = (u32)qa.x; q[1] = (u32)qb.x; q[2] = (u32)qa.y; q[3] = (u32)qb.y;
 }
 
-struct UIQ4_NL {  // 18 B, 2-aligned, Q4_0's layout; y = d * kv[q]
-  static constexpr int TYPE = T_IQ4_NL, QK = 32, BB = 18, U = 2;
-  u32 a, b, q[4];
-  u16 dh;
-  float d;
-  int u;
-  __device__ void fetch(const u8* blk, int u_) {
-    u = u_;
-    dh = ld16(blk);
-    a = ld32_a2(blk + 2 + 8 * u); b = ld32_a2(blk + 6 + 8 * u);
-  }
+struct UIQ4_NL : UQ4_0 {  // Q4_0's layout, loads and x; y = d * kv[q], no offset
+  static constexpr int TYPE = T_IQ4_NL;
   __device__ void decode() {
     d = h2f(dh);
     lut_unit<KV_IQ4NL_LO, KV_IQ4NL_HI>(a, b, q);
   }
-  __device__ X32 xload(const i8* xq, int lo, const float2* xds) const { return x32load(xq, lo, xds, u); }
   __device__ float dot(const X32& x) const { return d * x.ds.x * x32dot(q, x); }
 };
 
