@@ -210,6 +210,42 @@ template <> struct SDec<T_Q6_K> {
   }
 };
 
+// The table-lookup types (blocks.cuh's IQ4_NL, IQ4_XS, MXFP4): fint of the table's int8 for
+// blocks.cuh's (float) conversion, which is the same exact value. FUSED_B does not instantiate
+// them yet (CUDA_TYPES); tests/unit/test_kernels_host.py checks them against gguf.
+template <> struct SDec<T_IQ4_NL> {
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const float d = h2f((u16)s16(blk));
+    const u8* q = blk + 2 + (e0 & 15);
+    const u32 w0 = s32a2(q), w1 = s32a2(q + 4);
+    const int sh = e0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, fint(table16(KV_IQ4NL_LO, KV_IQ4NL_HI, (byte_of(w0, w1, i) >> sh) & 0xF)));
+  }
+};
+template <> struct SDec<T_IQ4_XS> {
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const u32 dh = s32a4(blk);
+    const int j = e0 >> 5, l0 = e0 & 31;
+    const u32 sl = (s32a4(blk + 4) >> (4 * j)) & 0xF, sh2 = ((dh >> 16) >> (2 * j)) & 3;
+    const float dl = __fmul_rn(h2f((u16)dh), fint((int)(sl | (sh2 << 4)) - 32));
+    const uint2 w = s64a8(blk + 8 + 16 * j + (l0 & 15));
+    const int sh = l0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(dl, fint(table16(KV_IQ4NL_LO, KV_IQ4NL_HI, (byte_of(w.x, w.y, i) >> sh) & 0xF)));
+  }
+};
+template <> struct SDec<T_MXFP4> {
+  __device__ static void dec8(const u8* blk, int e0, float* v) {
+    const u32 e = blk[0];
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    const u8* q = blk + 1 + (e0 & 15);
+    const int sh = e0 >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, fint(table16(KV_MXFP4_LO, KV_MXFP4_HI, ((u32)q[i] >> sh) & 0xF)));
+  }
+};
+
 // NG consecutive 8-element groups e0, e0 + 8, ... of one block, all inside one 32-element
 // k-step (so one Q4_K sub-block): by default NG dec8 calls; the hot K-quants read the block
 // header and compute the sub-block scale once per thread per step instead of once per group

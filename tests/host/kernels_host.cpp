@@ -59,6 +59,7 @@ static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); retur
 static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
 #include "dequant.cu"
 #include "mmvq.cu"
+#include "gemm_f16_decoders.cuh"
 
 // tcgemv.cu's f16x2 arithmetic and mma, on _Float16 (one rounding each, as the PTX ops round).
 static inline float hlo(unsigned v) { return h2f((unsigned short)(v & 0xFFFF)); }
@@ -128,6 +129,16 @@ template <int T> static void dec_rows(const u8* w, int rows, int K, float* out) 
       else Blk<T>::dec8(row + (e0 / Blk<T>::QK) * Blk<T>::BB, e0 % Blk<T>::QK, out + (long long)r * K + e0);
     }
 }
+// FUSED_B's shared-memory decoders over the same rows (host memory stands in for the staged copy).
+template <int T> static void sdec_rows(const u8* w, int rows, int K, float* out) {
+  const long long rb = (long long)K / Blk<T>::QK * Blk<T>::BB;
+  for (int r = 0; r < rows; ++r)
+    for (int e0 = 0; e0 < K; e0 += 8) {
+      const u8* row = w + r * rb;
+      if constexpr (Blk<T>::QK == 1) SDec<T>::dec8(row + (long long)e0 * Blk<T>::BB, 0, out + (long long)r * K + e0);
+      else SDec<T>::dec8(row + (e0 / Blk<T>::QK) * Blk<T>::BB, e0 % Blk<T>::QK, out + (long long)r * K + e0);
+    }
+}
 // Serial twin of the mmvq kernel loop (per row: every unit in order), n columns.
 template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
   typedef typename UnitOf<T>::T Unit;
@@ -150,6 +161,13 @@ extern "C" int dec(int t, const u8* w, int rows, int K, float* out) {
   switch (t) {
 #define C(T) case T: dec_rows<T>(w, rows, K, out); return misaligned ? 2 : 0;
     C(0) C(1) C(30) C(2) C(3) C(6) C(7) C(8) C(10) C(11) C(12) C(13) C(14) C(20) C(23) C(39)
+  }
+  return 1;
+}
+extern "C" int sdec(int t, const u8* w, int rows, int K, float* out) {
+  switch (t) {
+#define S(T) case T: sdec_rows<T>(w, rows, K, out); return 0;
+    S(0) S(1) S(30) S(2) S(3) S(6) S(7) S(8) S(10) S(11) S(12) S(13) S(14) S(20) S(23) S(39)
   }
   return 1;
 }

@@ -71,6 +71,29 @@ def test_decoders_equal_gguf_bit_for_bit(lib, name):
                 (name, rows, K, start)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # gguf's own inf * 0 and NaN arithmetic
+@pytest.mark.parametrize("name", CUDA_TYPES + ("IQ4_NL", "IQ4_XS", "MXFP4"))
+def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
+    """gemm_f16_decoders.cuh's SDec (FUSED_B's decode of staged blocks, blocks.cuh's dec8 restated
+    with its own loads and exact int -> float rewrites) against gguf: the same bits, NaN where gguf
+    has NaN, on random blocks and (for the table types) raw random bytes."""
+    qt, rng = TYPES[name], np.random.default_rng(200 + TYPES[name].ggml_id)
+    shapes = ((3, qt.block_elems * 3), (4, 512)) if qt.is_quantized else ((3, 40), (4, 24))
+    for rows, K in shapes:
+        raws = [random_blocks(qt, rows + 1, K, rng)]
+        if name in ("IQ4_NL", "IQ4_XS", "MXFP4"):
+            raws.append(rng.integers(0, 256, (rows + 1, row_bytes(qt, K)), dtype=np.uint8))
+        for raw in raws:
+            for start in (0, 1):
+                out = np.full((rows, K), 7.0, np.float32)
+                assert lib.sdec(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(out.ctypes.data)) == 0
+                ref = gguf.quants.dequantize(raw[start:start + rows].reshape(-1), GGMLQuantizationType(qt.ggml_id))
+                ref = ref.reshape(rows, K).astype(np.float32)
+                nan = np.isnan(ref)
+                assert np.array_equal(np.isnan(out), nan), (name, rows, K, start)
+                assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32)), (name, rows, K, start)
+
+
 @pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized] + ["IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_mmvq_units_match_f64(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
