@@ -5,6 +5,8 @@ and the lowered template names show up here, before a device call costs device t
     python bench/nvrtc_check.py [dequant mmvq ops ...]  # default: every minferd/kernels/*.cu
 
 Exit status: 0 all compiled, 1 a module failed, 3 no NVRTC found (tests/unit skip then).
+NVRTC_LOG_CHARS: how much of a compile log to print (default 6000; more for ptxas -v's register
+counts of every kernel, through compile_module(..., opts=("--ptxas-options=-v",))).
 
 A kernel module's name expressions come from its launcher (minferd/kernels/<name>.py) if it
 defines names(); ops.cu and the like have none (extern "C" kernels only).

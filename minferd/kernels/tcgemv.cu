@@ -7,10 +7,11 @@
 //
 // Why not mmq_small.cu (int8 mma): it round-trips every decoded block through shared memory
 // behind a barrier and scales its int32 results per (row, token, 32-chunk); bench/mmq_small.py
-// measured it issue-bound at ~1 TB/s. Here a warp owns 16*RT rows and a share of K, decodes each
-// weight once into f16 (y = d*sc*q - dmin*m in one f16 FMA from the exact 1024 + q of a magic
-// OR), and feeds mma.sync m16n8k16 (f16 in, f32 accumulators): no shared memory in the loop, no
-// per-chunk epilogue, the block's scale applied in the decode.
+// measured it issue-bound at ~1 TB/s. Here a warp owns 16*RT rows, decodes each weight once into
+// f16 in registers (y = d*sc*q - dmin*m in one f16 FMA from the exact 1024 + q a byte permute
+// makes), and feeds mma.sync m16n8k16 (f16 in, f32 accumulators): the weights never pass through
+// shared memory (only x does, staged once for the CTA's warps), no per-chunk epilogue, the
+// block's scale applied in the decode.
 //
 // Fragments: A = 16 weight rows x 16 k (row-major), B = 16 k x 8 tokens. Lane (g = lane/4,
 // c = lane%4) holds rows g, g+8 at logical k {2c, 2c+1} and {2c+8, 2c+9}. A k-step may take any
@@ -18,8 +19,8 @@
 // takes 4 physical elements e0..e3 that lie together in the block (four nibbles or bytes of one
 // u32), (e0, e1) as logical {2c, 2c+1} and (e2, e3) as {2c+8, 2c+9} (magic_pairs puts bytes 0, 1
 // and 2, 3 of a word into f16 pairs). x is the f16 copy of the activations the cuBLAS path reads
-// too (rmsnorm and the gated activation write it): one 8-byte load of e0..e3 is both of a lane's
-// B registers (x_frag). Each type says which elements step k gives lane c (TcW<T>::xoff), how to
+// too (rmsnorm and the gated activation write it), staged in shared memory: one 8-byte load of
+// e0..e3 is both of a lane's B registers (x_frag; Q4_K loads two steps' at once). Each type says which elements step k gives lane c (TcW<T>::xoff), how to
 // load a block (fetch: loads only), what to make of it once landed (prep) and how to make step k's
 // A registers (frag).
 //
@@ -192,9 +193,10 @@ template <> struct TcW<T_Q8_0> {
   }
 };
 
-// B registers of a lane from 4 consecutive f16 of x at p (8-aligned): (e0, e1) and (e2, e3).
+// B registers of a lane from 4 consecutive f16 of x at p (8-aligned, the staged copy): (e0, e1)
+// and (e2, e3).
 __device__ __forceinline__ void x_frag(const u16* p, u32& b0, u32& b1) {
-  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
   b0 = v.x;
   b1 = v.y;
 }
@@ -303,8 +305,7 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
             f0 = (k & 1) ? xq[n].z : xq[n].x;
             f1 = (k & 1) ? xq[n].w : xq[n].y;
           } else {
-            const uint2 v = *reinterpret_cast<const uint2*>(xp);
-            f0 = v.x, f1 = v.y;
+            x_frag(xp, f0, f1);
           }
 #pragma unroll
           for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], f0, f1);
