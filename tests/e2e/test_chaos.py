@@ -103,7 +103,9 @@ def test_chaos(tmp_path, chaos_models):
         if "Traceback" in log:
             i = log.index("Traceback")
             problems.append("the daemon's log has a traceback:\n" + log[max(0, i - 300):i + 2500])
-        assert not problems, f"{len(problems)} problems; the first 30:\n" + "\n".join(problems[:30])
+        stalls = [p for p in problems if "(a stall)" in p]
+        tail = f"\nthe daemon's log, last 4000 characters:\n{log[-4000:]}" if stalls else ""
+        assert not problems, f"{len(problems)} problems; the first 30:\n" + "\n".join(problems[:30]) + tail
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
