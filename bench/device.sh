@@ -12,7 +12,8 @@
 #   batch    tests/cuda, then where a decode step of 1-64 sequences goes (bench/profile_ops.py --batch)
 #            and every kernel at 1-64 columns on the 7B shapes (bench/crossover.py)
 #   small    mmq_small's and tcgemv's tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
-#            NCU=1 adds ncu's stall reasons for tcgemv (bench/tc_once.py)
+#            NCU=1 adds ncu's stall reasons for tcgemv (bench/tc_once.py); CLIENTS=16,64 serve.py's
+#            rounds, once per TC_CONFIGS="base cl" (MINFERD_TCGEMV_CONFIG)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
@@ -128,10 +129,15 @@ if [ "$stage" = small ]; then
       --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis python3 bench/tc_once.py > "$OUT/ncu.txt" 2>&1
     grep -E "Duration|DRAM Through|Issued Warp|Eligible Warps|stalled waiting" "$OUT/ncu.txt" | head -20
   fi
+  # TC_CONFIGS="base cl": the rounds once per tcgemv config (MINFERD_TCGEMV_CONFIG), side by side.
   if [ -n "${CLIENTS:-}" ]; then
     q7b
-    timeout 200 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients $CLIENTS --prompt-tokens 512 \
-      --gen-tokens 128 --json "$OUT/serve.json" 2>&1 | tee "$OUT/serve.log" | tail -8
+    for c in ${TC_CONFIGS:-default}; do
+      echo "# tcgemv config $c" | tee -a "$OUT/serve.log"
+      [ "$c" = default ] && c=""
+      MINFERD_TCGEMV_CONFIG=$c timeout 200 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients $CLIENTS \
+        --prompt-tokens 512 --gen-tokens 128 --json "$OUT/serve${c:+-$c}.json" 2>&1 | tee -a "$OUT/serve.log" | tail -8
+    done
   fi
 fi
 if [ "$stage" = cold ]; then

@@ -56,6 +56,7 @@ VALVES = {
     "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
     "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
     "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",
+    "MINFERD_TCGEMV_CONFIG": "a kernels/tcgemv.py CONFIGS key for every tcgemv launch (the A/B of bench/serve.py)",
 }
 
 

@@ -19,7 +19,7 @@ from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import DecodeGraph, decode_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
-from minferd.kernels import mmq_small, module
+from minferd.kernels import mmq_small, module, tcgemv
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
@@ -60,6 +60,9 @@ class CudaBackend(CudaMatmuls, Backend):
         # One kernel for every matmul past 8 rows it can run (bench and tests; else the gate table's).
         self.prefill_kernel = valve("MINFERD_PREFILL_KERNEL")
         self.small_batch = valve("MINFERD_SMALL_BATCH") != "off"
+        self.tc_config = valve("MINFERD_TCGEMV_CONFIG") or tcgemv.CONFIG
+        if self.tc_config not in tcgemv.CONFIGS:
+            raise ValueError(f"MINFERD_TCGEMV_CONFIG={self.tc_config!r}: not one of {', '.join(tcgemv.CONFIGS)}")
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)

@@ -53,7 +53,7 @@ class CudaMatmuls:
             if kernel == "small":
                 mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
             else:
-                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual)
+                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())

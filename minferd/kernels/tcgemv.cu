@@ -216,19 +216,14 @@ template <typename T> __host__ __device__ constexpr int stage_row() { return 256
 // row M-1 again, and their sums are never stored (a column of the mma's output depends on its own
 // column of B only). PF: a warp issues the weight loads of the block PF ahead before it decodes
 // this one (PF + 1 blocks in registers), so its bytes stay in flight while it decodes.
-// part == nullptr: one split, out gets bias and residual; else part[z][m][n] (mmq_small's split_sum
-// adds them: a last-CTA reduction in the kernel, tried, was latency-bound on one CTA's 128 threads
-// and took 3584 x 3584 at 16 tokens from 11 to 18 us).
+// The CTA's sums of its split land in acc; the kernels below differ in how splits meet.
 template <int TYPE, int NT8, int RT, int KW, int PF>
-__global__ void __launch_bounds__(KW * 32)
-tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
-       float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
-       float* __restrict__ part) {
+__device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps,
+                                        const u16* __restrict__ x16, int row0, int z, u16* xs,
+                                        float (&acc)[RT][NT8][4]) {
   typedef TcW<TYPE> T;
   constexpr int SB = 256 / T::QK, XS = stage_row<T>(), TOK = 8 * NT8;
-  extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
   const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int row0 = (blockIdx.x * KW + kw) * 16 * RT, z = blockIdx.y;
   const int b0 = z * bps, b1 = min(nb, b0 + bps);
   const u8* rp[RT][2];
 #pragma unroll
@@ -252,7 +247,6 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
     cp_commit();
   };
 
-  float acc[RT][NT8][4];
 #pragma unroll
   for (int t = 0; t < RT; ++t)
 #pragma unroll
@@ -321,14 +315,36 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
     __syncthreads();  // the next iteration's stage() overwrites the buffer read two stages back
   }
 
-  // Accumulator (t, n): e = 0, 1 row g, tokens 2c, 2c+1 of tile n; e = 2, 3 row g + 8.
+}
+
+// Accumulator (t, n, e) of lane (g, c) in a warp owning rows row0..: e = 0, 1 row g, tokens 2c,
+// 2c+1 of tile n; e = 2, 3 row g + 8.
+__device__ __forceinline__ int acc_row(int row0, int t, int e) {
+  return row0 + 16 * t + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
+}
+__device__ __forceinline__ int acc_token(int n, int e) {
+  return 8 * n + 2 * (threadIdx.x & 3) + (e & 1);
+}
+
+// part == nullptr: one split, out gets bias and residual; else part[z][m][n] (mmq_small's split_sum
+// adds them: a last-CTA reduction in the kernel, tried, was latency-bound on one CTA's 128 threads
+// and took 3584 x 3584 at 16 tokens from 11 to 18 us).
+template <int TYPE, int NT8, int RT, int KW, int PF>
+__global__ void __launch_bounds__(KW * 32)
+tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
+       float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
+       float* __restrict__ part) {
+  extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
+  const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
+  float acc[RT][NT8][4];
+  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
 #pragma unroll
   for (int t = 0; t < RT; ++t)
 #pragma unroll
     for (int n = 0; n < NT8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = row0 + 16 * t + g + 8 * (e >> 1), m = 8 * n + 2 * c + (e & 1);
+        const int row = acc_row(row0, t, e), m = acc_token(n, e);
         if (row >= N || m >= M) continue;
         const float v = acc[t][n][e];
         if (part) {
@@ -338,5 +354,55 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
           out[o] = v + (bias ? __ldg(bias + row) : 0.0f) + (res ? __ldg(res + o) : 0.0f);
         }
       }
+}
+
+// Hopper's clusters (sm_90): the CL splits of a row tile are one cluster, and meet in distributed
+// shared memory instead of global partials and a second launch (182 of a 16-sequence step's 606
+// launches were split sums). Each CTA parks its sums in its own shared memory; after a cluster
+// barrier CTA r adds sums r, r + CL, ... over the CTAs 0..CL-1 in order (the split sum's order
+// from 0.0f, so the same bits) and stores them with bias and residual; a second barrier keeps
+// every CTA's shared memory alive until the others have read it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float ld_cluster(u32 local, u32 rank) {
+  u32 a;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+
+// Grid (ceil(N / (16 RT KW)), CL): blockIdx.y is both the split and the CTA's rank in its cluster.
+template <int TYPE, int NT8, int RT, int KW, int PF, int CL>
+__global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(KW * 32)
+tcgemv_cl(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
+          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+  constexpr int NE = RT * NT8 * 4, NTH = KW * 32;
+  extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS], then this CTA's sums [NE][NTH] (f32)
+  const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
+  float acc[RT][NT8][4];
+  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
+  float* sums = reinterpret_cast<float*>(xs);  // tc_sums ends behind a barrier: xs is free
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[((t * NT8 + n) * 4 + e) * NTH + threadIdx.x] = acc[t][n][e];
+  cluster_sync();
+  const u32 base = saddr(sums) + 4 * threadIdx.x;
+  for (int i = z; i < NE; i += CL) {
+    const int t = i / (NT8 * 4), n = i / 4 % NT8, e = i % 4;
+    const int row = acc_row(row0, t, e), m = acc_token(n, e);
+    float v = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) v += ld_cluster(base + 4 * i * NTH, r);
+    if (row < N && m < M) {
+      const i64 o = (i64)m * N + row;
+      out[o] = v + (bias ? __ldg(bias + row) : 0.0f) + (res ? __ldg(res + o) : 0.0f);
+    }
+  }
+  cluster_sync();
 }
 #endif

@@ -2,8 +2,10 @@
 of up to MAX_M tokens, W's quantized bytes decoded in registers into f16 mma fragments.
 
 x comes as the f16 copy the cuBLAS path reads (rmsnorm and the gated activation write it; the
-backend casts other inputs once, CudaMatmuls._as_f16), so a matmul is one launch, plus one that
-adds the K splits, the bias and the residual when K is split over CTAs (mmq_small's split sum).
+backend casts other inputs once, CudaMatmuls._as_f16), so a matmul is one launch. Where K is split
+over CTAs the splits meet either in global partials and a second launch that adds them, the bias
+and the residual (mmq_small's split sum), or, in a cluster config, inside one launch: a row
+tile's 2, 4 or 8 splits are one thread-block cluster (sm_90) and add up in distributed shared memory.
 Both only enqueue work on the current (or given) stream: no allocation when the caller passes the
 partials, no synchronisation (safe inside CUDA graph capture).
 """
@@ -24,11 +26,15 @@ MAX_M = 64
 NT8S = (1, 2, 4, 8)  # 8-token tiles: batches of <= 8 (beside mmvq, for bench/crossover.py), 16, 32, 64
 # name -> (warps a CTA, each on its own rows, all sharing the CTA's staged x; blocks ahead of the
 # one it decodes a warp has loads in flight for; 16-row tiles a warp holds, 0: row_tiles' choice;
-# CTAs an SM the K splits aim at). bench/mmq_small.py times them; CONFIG runs.
-CONFIGS: dict[str, tuple[int, int, int, int]] = {
-    "base": (4, 1, 0, 4), "nopf": (4, 0, 0, 4), "pf2": (4, 2, 0, 4)}
-CONFIG = "base"
+# CTAs an SM the K splits aim at; splits meet in a cluster, not in global partials).
+# bench/mmq_small.py times them; CONFIG runs.
+# None: in a cluster where that measured faster (clustered_at). (Session 9 timed nopf (4, 0, 0, 4)
+# and pf2 (4, 2, 0, 4) too: bench/NOTES.md.)
+CONFIGS: dict[str, tuple[int, int, int, int, bool | None]] = {
+    "base": (4, 1, 0, 4, False), "cl": (4, 1, 0, 4, True), "auto": (4, 1, 0, 4, None)}
+CONFIG = "auto"
 MAX_PART_BYTES = 16 << 20
+CLUSTERS = (2, 4, 8)  # the portable cluster sizes: a cluster config's splits
 
 
 def _qt(qt) -> QuantType:
@@ -50,13 +56,31 @@ def row_tiles(M: int, qt: QuantType, config: str = CONFIG) -> int:
     return CONFIGS[config][2] or (2 if nt8(M) == 8 else 1)
 
 
-def kernel_name(qt: QuantType, M: int, config: str = CONFIG) -> str:
+def clustered_at(M: int, K: int, config: str = CONFIG) -> bool:
+    """Whether the config's splits meet in a cluster at M tokens and K. auto: up to 32 tokens at
+    K <= 8192 (bench/mmq_small.py, H200, 2026-12-01 s10: 3584 x 3584 at 16 tokens 8.8 us against
+    9.9, 18944 x 3584 25.2 against 27.2; the 18944-wide K of ffn_down and most of 64 tokens ran
+    faster on partials, whose 10 splits a cluster of at most 8 cannot match)."""
+    c = CONFIGS[config][4]
+    return (M <= 32 and K <= 8192) if c is None else c
+
+
+def kernel_name(qt: QuantType, M: int, config: str = CONFIG, cluster: int = 1) -> str:
     kw, pf = CONFIGS[config][:2]
-    return f"tcgemv<{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt, config)}, {kw}, {pf}>"
+    args = f"{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt, config)}, {kw}, {pf}"
+    return f"tcgemv<{args}>" if cluster == 1 else f"tcgemv_cl<{args}, {cluster}>"
 
 
 def names() -> tuple[str, ...]:
-    return tuple(kernel_name(TYPES[t], 8 * n, c) for t in sorted(SUPPORTED) for n in NT8S for c in CONFIGS)
+    out = []
+    for t in sorted(SUPPORTED):
+        for n in NT8S:
+            for c, conf in CONFIGS.items():
+                for cl in (1,) + (CLUSTERS if conf[4] is not False else ()):
+                    name = kernel_name(TYPES[t], 8 * n, c, cl)
+                    if name not in out:
+                        out.append(name)
+    return tuple(out)
 
 
 def smem_bytes(M: int, K_stage: int = 256) -> int:
@@ -81,10 +105,13 @@ def rows_per_cta(M: int, qt: QuantType, config: str = CONFIG) -> int:
 
 
 def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG) -> int:
-    """K splits (of whole blocks) per CTA's rows: the config's CTAs on every SM, the partials under
-    MAX_PART_BYTES, no split empty."""
+    """K splits (of whole blocks) per CTA's rows: the config's CTAs on every SM; with partials,
+    those under MAX_PART_BYTES and no split empty; in a cluster, 1 or a cluster size (the last
+    split may be empty: it adds zeros)."""
     tiles = -(-N // rows_per_cta(M, qt, config))
     s = max(1, min(nb, -(-CONFIGS[config][3] * sms // tiles)))
+    if clustered_at(M, nb * qt.block_elems, config):
+        return max((c for c in (1,) + CLUSTERS if c <= s))
     while s > 1 and s * M * N * 4 > MAX_PART_BYTES:
         s -= 1
     return -(-nb // -(-nb // s))
@@ -93,7 +120,7 @@ def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFI
 def part_bytes(M: int, N: int, K: int, qt, sms: int, config: str = CONFIG) -> int:
     qt = _qt(qt)
     s = splits(qt, N, K // qt.block_elems, M, sms, config)
-    return 0 if s == 1 else s * M * N * 4
+    return 0 if s == 1 or clustered_at(M, K, config) else s * M * N * 4
 
 
 def scratch_bound(widest: int) -> int:
@@ -129,15 +156,18 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     import cupy
     nb = K // qt.block_elems
     s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
-    kw = CONFIGS[config][0]
-    need = 0 if s == 1 else s * M * N * 4
+    kw, cluster = CONFIGS[config][0], clustered_at(M, K, config) and s > 1
+    need = 0 if s == 1 or cluster else s * M * N * 4
     smem = smem_bytes(M)
     cols = -(-N // rows_per_cta(M, qt, config))
+    args = (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16, out,
+            ptr(bias), ptr(residual))
     with _stream(stream):
+        if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
+            assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
+            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args, shared_mem=smem)
+            return
         part = partials("tcgemv", part, need) if need else None
-        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,),
-                                              (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K),
-                                               np.int32(-(-nb // s)), x16, out, ptr(bias), ptr(residual),
-                                               ptr(part)), shared_mem=smem)
+        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part),), shared_mem=smem)
         if need:
             split_sum(part, s, M, N, bias, residual, out)

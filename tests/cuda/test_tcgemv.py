@@ -49,7 +49,7 @@ def test_matches_reference(name, M, to_device):
 def test_bias_residual_and_splits(name, split, to_device, monkeypatch):
     qt = TYPES[name]
     if not split:
-        monkeypatch.setitem(tc.CONFIGS, tc.CONFIG, tc.CONFIGS[tc.CONFIG][:3] + (0,))  # aim at 0 CTAs an SM: no split
+        monkeypatch.setitem(tc.CONFIGS, tc.CONFIG, tc.CONFIGS[tc.CONFIG][:3] + (0,) + tc.CONFIGS[tc.CONFIG][4:])  # aim at 0 CTAs an SM: no split
     rng = np.random.default_rng(9 + qt.ggml_id)
     M, N, K = 24, 200, blocks(qt, 24)
     assert (tc.splits(qt, N, K // qt.block_elems, M, tc.sm_count(cp.cuda.Device().id)) > 1) == split
@@ -93,6 +93,36 @@ def test_deterministic_with_callers_buffers(to_device):
         outs.append(out.get())
     assert np.array_equal(outs[0], outs[1])
     assert rel_err(cp.asarray(outs[0]), reference(qt, raw, x.get())) < TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("M", [16, 32])
+def test_cluster_splits_equal_the_split_sum(name, M, to_device):
+    """A cluster's splits add in the split sum's order: where both split K 8 ways, the same bits,
+    bias and residual included; and a split left empty by the cluster's size adds nothing. (At
+    64 tokens the partials' 16 MB cap cuts base's splits of this shape to 6.)"""
+    qt = TYPES[name]
+    sms = tc.sm_count(cp.cuda.Device().id)
+    rows = tc.rows_per_cta(M, qt, "cl")
+    assert rows == tc.rows_per_cta(M, qt, "base")
+    N, nb = rows * -(-sms // 2), 16 if qt.block_elems == 256 else 128
+    assert tc.splits(qt, N, nb, M, sms, "base") == tc.splits(qt, N, nb, M, sms, "cl") == 8
+    rng = np.random.default_rng(M + qt.ggml_id)
+    K = qt.block_elems * nb
+    raw = random_blocks(qt, N, K, rng)
+    w = to_device(raw)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    res = cp.asarray(rng.standard_normal((M, N)).astype(np.float32))
+    base, cl = (run(qt, w, x, bias, res, config=c) for c in ("base", "cl"))
+    assert cp.array_equal(base, cl)
+    # 14 blocks in 8 splits of 2: the eighth is empty
+    K = qt.block_elems * 14
+    raw = random_blocks(qt, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    assert tc.splits(qt, N, 14, M, sms, "cl") == 8
+    err = rel_err(run(qt, to_device(raw), x, config="cl"), reference(qt, raw, x))
+    assert err < TOL, f"{name} M={M} 14 blocks in 8 splits: rel err {err:.2e}"
 
 
 def test_checks_arguments(to_device):
