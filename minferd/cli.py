@@ -143,8 +143,8 @@ def parser() -> argparse.ArgumentParser:
     from minferd.kernels.quant import CUDA_TYPES, SUPPORTED_NAMES  # the type table: no NumPy, cheap for --help
     cpu_only = ", ".join(n.lower() for n in SUPPORTED_NAMES if n not in CUDA_TYPES)
     p.add_argument("--quant", default="q8_0",
-                   help=f"{', '.join(n.lower() for n in SUPPORTED_NAMES)}, or llama.cpp's q4_k_m mix "
-                        f"(default q8_0; {cpu_only} run on the CPU backend only so far)")
+                   help=f"{', '.join(n.lower() for n in SUPPORTED_NAMES)}, or llama.cpp's q4_k_m mix (default q8_0"
+                        + (f"; {cpu_only} run on the CPU backend only so far)" if cpu_only else ")"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--random-blocks", action="store_true", help="random quantized blocks (fast, for perf files)")
     p.add_argument("--json", action="store_true")

@@ -8,9 +8,9 @@ from minferd.model.synth import write_model
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
          "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-# Types without CUDA kernels (kernels/quant.py CUDA_TYPES): CPU tests run them on dense archs.
-CPU_ONLY_TYPES = ("iq4_nl", "iq4_xs", "mxfp4")
-CPU_ONLY_ARCHS = ("llama", "qwen2")
+# The table-lookup types (IQ4_NL, IQ4_XS, MXFP4): the oracle and CUDA tests run them on two dense archs.
+TABLE_TYPES = ("iq4_nl", "iq4_xs", "mxfp4")
+TABLE_ARCHS = ("llama", "qwen2")
 # Mixture-of-experts architectures: CPU only so far, in a few types (their experts dequantize
 # through the same code as dense weights, which every type above covers).
 MOE_ARCHS = ("qwen3moe", "gpt-oss")

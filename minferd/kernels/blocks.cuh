@@ -34,7 +34,7 @@ typedef unsigned long long u64;
 enum : int {
   T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
-  T_IQ4_NL = 20, T_IQ4_XS = 23, T_MXFP4 = 39,  // decoders only so far: no kernel instantiates them
+  T_IQ4_NL = 20, T_IQ4_XS = 23, T_MXFP4 = 39,
 };
 
 #ifndef MINFERD_HOST_TEST  // (a host build of these decoders checks them without a GPU)

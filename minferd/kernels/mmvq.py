@@ -64,6 +64,10 @@ _MEASURED: dict[str, dict[int, dict[str, Config]]] = {
     "Q6_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)},
              8: {"few": (8, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
 }
+# Not swept yet: the table types borrow the shapes of their layouts' twins (IQ4_NL is Q4_0's
+# layout; MXFP4 the same 32-element nibbles behind a 1-byte scale; IQ4_XS a 256-element block of
+# nibbles like Q4_K's).
+_MEASURED.update(IQ4_NL=_MEASURED["Q4_0"], MXFP4=_MEASURED["Q4_0"], IQ4_XS=_MEASURED["Q4_K"])
 CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
     name: {nc: _MEASURED[name][1 if nc == 1 else 8] for nc in NC_BUCKETS} for name in QUANT_TYPES
 }

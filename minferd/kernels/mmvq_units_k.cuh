@@ -202,7 +202,6 @@ template <> struct UnitOf<T_Q3_K> { typedef UQ3_K T; };
 template <> struct UnitOf<T_Q4_K> { typedef UQ4_K T; };
 template <> struct UnitOf<T_Q5_K> { typedef UQ5_K T; };
 template <> struct UnitOf<T_Q6_K> { typedef UQ6_K T; };
-// Host-checked (tests/unit/test_kernels_host.py); the GPU modules instantiate CUDA_TYPES only so far.
 template <> struct UnitOf<T_IQ4_NL> { typedef UIQ4_NL T; };
 template <> struct UnitOf<T_IQ4_XS> { typedef UIQ4_XS T; };
 template <> struct UnitOf<T_MXFP4> { typedef UMXFP4 T; };

@@ -57,11 +57,12 @@ _TABLE = (
 TYPES: dict[str, QuantType] = {qt.name: qt for qt in _TABLE}
 SUPPORTED_NAMES: tuple[str, ...] = tuple(qt.name for qt in _TABLE)
 _BY_ID: dict[int, QuantType] = {qt.ggml_id: qt for qt in _TABLE}
-# The types the CUDA kernels (dequant.cu, mmvq.cu, mmq.cu, gemm_f16.cu) decode: every CUDA module
-# enumerates these, not TYPES. The others run on the CPU backend only so far, and a CUDA load of
-# a file holding one is refused up front (model/loader.py check_tensor_types).
+# The types the CUDA kernels (dequant.cu, mmvq.cu, gemm_f16.cu; mmq.cu, mmq_small.cu and tcgemv.cu
+# their own subsets) decode: every CUDA module enumerates these, not TYPES. A type added to the
+# table before its kernels runs on the CPU backend only, and a CUDA load of a file holding one is
+# refused up front (model/loader.py check_tensor_types). Today they are the whole table.
 CUDA_TYPES: tuple[str, ...] = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 
 
 class UnsupportedType(KeyError, ValueError):

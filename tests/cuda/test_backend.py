@@ -20,7 +20,7 @@ from minferd.model.generate import decode_one, generate, prefill  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from minferd.model.sampler import SamplingParams  # noqa: E402
 from minferd.model.synth import write_model  # noqa: E402
-from tests.conftest import ARCHS, TYPES  # noqa: E402
+from tests.conftest import ARCHS, TABLE_ARCHS, TABLE_TYPES, TYPES  # noqa: E402
 
 CUT_GEMMA = os.environ.get("MINFERD_CUT_GEMMA", ".devcarry/gemma3-cut.gguf")
 rng = np.random.default_rng(0)
@@ -47,8 +47,7 @@ def teacher_forced(path, n_seq=2, n_tok=32, matmul_path="mmq", kernel=None):
     return max(errs), min(agree)
 
 
-@pytest.mark.parametrize("quant", TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,quant", [(a, q) for q in TYPES for a in ARCHS] + [(a, q) for q in TABLE_TYPES for a in TABLE_ARCHS])
 def test_tiny_models_match_cpu(synth_model, arch, quant):
     err, agree = teacher_forced(synth_model(arch, quant))
     assert err < 2e-2 and agree >= 0.95, (err, agree)

@@ -56,8 +56,7 @@ def placed(raw: np.ndarray, start_row: int, rows: int) -> np.ndarray:
     return buf[start_row * rb:(start_row + rows) * rb]
 
 
-# blocks.cuh decodes the CPU-only types too (no kernel instantiates them yet): checked the same way.
-@pytest.mark.parametrize("name", CUDA_TYPES + ("IQ4_NL", "IQ4_XS", "MXFP4"))
+@pytest.mark.parametrize("name", CUDA_TYPES)
 def test_decoders_equal_gguf_bit_for_bit(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(TYPES[name].ggml_id)
     shapes = ((3, qt.block_elems * 3), (4, 512)) if qt.is_quantized else ((3, 40), (4, 24))
@@ -72,7 +71,7 @@ def test_decoders_equal_gguf_bit_for_bit(lib, name):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # gguf's own inf * 0 and NaN arithmetic
-@pytest.mark.parametrize("name", CUDA_TYPES + ("IQ4_NL", "IQ4_XS", "MXFP4"))
+@pytest.mark.parametrize("name", CUDA_TYPES)
 def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
     """gemm_f16_decoders.cuh's SDec (FUSED_B's decode of staged blocks, blocks.cuh's dec8 restated
     with its own loads and exact int -> float rewrites) against gguf: the same bits, NaN where gguf
@@ -94,7 +93,7 @@ def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
                 assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32)), (name, rows, K, start)
 
 
-@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized] + ["IQ4_NL", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized])
 def test_mmvq_units_match_f64(lib, name):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
     for rows, K in ((5, 768), (3, qt.block_elems * 3)):

@@ -6,7 +6,7 @@ import pytest
 from minferd.model.generate import generate, prefill
 from minferd.model.loader import load_local
 from minferd.model.sampler import SamplingParams
-from tests.conftest import ARCHS, CPU_ONLY_ARCHS, CPU_ONLY_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
+from tests.conftest import ARCHS, TABLE_ARCHS, TABLE_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
 
 N_TOKENS = 24
 
@@ -16,7 +16,7 @@ def _ids(n_vocab, n, seed=0):
 
 
 @pytest.mark.parametrize("arch,quant", [(a, q) for q in TYPES for a in ARCHS] +
-                         [(a, q) for q in CPU_ONLY_TYPES for a in CPU_ONLY_ARCHS])
+                         [(a, q) for q in TABLE_TYPES for a in TABLE_ARCHS])
 def test_decode_matches_prefill(synth_model, arch, quant):
     lm = load_local(synth_model(arch, quant), "mmq", threads=1)
     s, be = lm.spec, lm.model.be

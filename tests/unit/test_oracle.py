@@ -7,7 +7,7 @@ from minferd.model.generate import generate, prefill
 from minferd.model.loader import load_local
 from minferd.model.sampler import SamplingParams
 from minferd.model.synth import write_model
-from tests.conftest import ARCHS, CPU_ONLY_ARCHS, CPU_ONLY_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
+from tests.conftest import ARCHS, TABLE_ARCHS, TABLE_TYPES, MOE_ARCHS, MOE_TYPES, TYPES
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.oracle
@@ -56,9 +56,9 @@ def top1_agreement(ref, ours):
     return float((same | tie).mean()), float(same.mean())
 
 
-# Every arch in the types both backends run; the CPU-only types on two dense archs (they share
+# Every arch in the older types; the table types on two dense archs (they share
 # the matmul code with the others, so more archs would add time, not coverage).
-DENSE = [(a, q) for q in TYPES for a in ARCHS] + [(a, q) for q in CPU_ONLY_TYPES for a in CPU_ONLY_ARCHS]
+DENSE = [(a, q) for q in TYPES for a in ARCHS] + [(a, q) for q in TABLE_TYPES for a in TABLE_ARCHS]
 
 
 @pytest.mark.parametrize("arch,quant", DENSE)

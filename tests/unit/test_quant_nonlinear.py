@@ -1,6 +1,7 @@
-"""IQ4_NL, IQ4_XS and MXFP4 (the CPU-only types): decoding bit for bit equal to gguf.quants (and
+"""IQ4_NL, IQ4_XS and MXFP4 (the table types): decoding bit for bit equal to gguf.quants (and
 to ggml's own C decoders) on every scale the formats can hold, synth's fallback for rows IQ4_XS
-cannot hold, and the CUDA load paths refusing them up front. test_quant.py covers them with the
+cannot hold, and the CUDA load paths refusing up front a type the device has no kernels for (as
+these were until session 10; devices.TENSOR_TYPES, narrowed here). test_quant.py covers them with the
 other types as well (table sizes, round trip, random blocks, centring and scaling)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gguf.constants import GGMLQuantizationType
 
 from minferd.available import describe
 from minferd.backend.cpu import HostMemory
+from minferd import devices
 from minferd.devices import cuda_traits
 from minferd.errors import ModelFileError
 from minferd.host import Host
@@ -23,7 +25,7 @@ from minferd.model.loader import check_backend, load_local, open_model_file
 from minferd.model.synth import tensor_type
 from minferd.model.arch.llama import MATMUL
 
-NEW = [n for n in TYPES if n not in CUDA_TYPES]
+NEW = ["IQ4_NL", "IQ4_XS", "MXFP4"]
 # f16 bit patterns of d: zeros, smallest and largest subnormal, smallest normal, 1, the
 # largest finite, inf, NaN; each with both signs.
 F16_EDGES = np.array([0x0000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0x7C00, 0x7E00], np.uint16)
@@ -40,9 +42,16 @@ def assert_same(name, raw, n_blocks):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
 
 
-def test_the_cpu_only_types():
-    assert NEW == ["IQ4_NL", "IQ4_XS", "MXFP4"]
-    assert set(CUDA_TYPES) == set(TYPES) - set(NEW)
+def test_every_type_runs_on_both_backends():
+    assert set(CUDA_TYPES) == set(TYPES) and set(NEW) <= set(TYPES)
+
+
+@pytest.fixture
+def cuda_without(monkeypatch):
+    """The CUDA backend as if it had no kernels for `names`."""
+    def narrow(*names):
+        monkeypatch.setitem(devices.TENSOR_TYPES, "cuda", devices.TENSOR_TYPES["cuda"] - set(names))
+    return narrow
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -125,7 +134,8 @@ def test_synth_falls_back_like_llama_cpp():
 
 
 @pytest.mark.parametrize("quant", ["iq4_nl", "mxfp4"])
-def test_cuda_refuses_cpu_only_types(synth_model, quant):
+def test_cuda_refuses_a_type_it_has_no_kernels_for(synth_model, quant, cuda_without):
+    cuda_without(quant.upper())
     mf = open_model_file(synth_model("qwen2", quant))
     try:
         check_backend(mf, "cpu")  # the CPU runs them
@@ -140,8 +150,9 @@ def test_cuda_refuses_cpu_only_types(synth_model, quant):
         load_local(mf.path, device="cuda:0")
 
 
-def test_a_cuda_host_refuses_before_reserving_or_making_a_backend(synth_model):
+def test_a_cuda_host_refuses_before_reserving_or_making_a_backend(synth_model, cuda_without):
     """The daemon's load path on a CUDA host, without CuPy: refused from the header alone."""
+    cuda_without("IQ4_XS", "IQ4_NL")
     def no_backend(**kw):
         raise AssertionError("a backend was made for a file the device cannot run")
 
