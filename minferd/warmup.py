@@ -4,8 +4,10 @@ A fresh machine (a new container, CI runner or DaemonSet node) compiled ~26 s of
 its first prefill. Each kernels/*.cu is one module compiled whole on first use, so running every
 module once is enough: a tiny synthetic model is served the daemon's way (a host, its engine,
 batched sequences, sampling on the device) under each plan and each kernel past 8 rows, in
-steps of more than 64 rows (eager), 9-64 (a decode graph) and at most 8 (the mat-vec kernels). Where the cache lives: CUPY_CACHE_DIR (default
-~/.cupy/kernel_cache); an image bakes it by running this at build time on its target GPU.
+steps of more than 64 rows (eager), 9-64 (a decode graph) and at most 8 (the mat-vec kernels);
+then decode attention's per-head-dim modules for every head dim (the tiny models have d = 64
+only). Where the cache lives: CUPY_CACHE_DIR (default ~/.cupy/kernel_cache); an image bakes it
+by running this at build time on its target GPU.
 On the CPU there is nothing to compile; the same run checks the serving path end to end.
 """
 from __future__ import annotations
@@ -60,8 +62,11 @@ def _quiet():
 
 
 def warm_host(host: Host, workdir: Path, say=print) -> None:
+    """Every kernel module the host's device runs, compiled (a CPU host: its serving path run)."""
     with _quiet():
         _warm(host, workdir, say)
+    if not host.device.startswith("cpu"):
+        _warm_head_dims(say)
 
 
 def _warm(host: Host, workdir: Path, say) -> None:
@@ -108,6 +113,16 @@ def _serve_once(host: Host, name: str) -> None:
     one(SHORT_PROMPT, SAMPLING[0])
     if errors:
         raise errors[0]
+
+
+def _warm_head_dims(say) -> None:
+    """The modules compiled per head dim (decode attention), for every head dim a model may have:
+    the tiny models above have their own only."""
+    from minferd.kernels import attn_decode
+    t0 = time.perf_counter()
+    attn_decode.compile_all()
+    say(f"warmup: decode attention, head dims {attn_decode.HEAD_DIMS[0]}-{attn_decode.HEAD_DIMS[-1]} "
+        f"{time.perf_counter() - t0:.1f} s")
 
 
 def warmup(device: str, say=print) -> float:

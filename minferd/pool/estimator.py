@@ -20,6 +20,7 @@ class Estimate:
     matmul_bytes: int  # quantized bytes of the matmul weights an f16 copy covers (the W16 size gate reads this)
     matmul_types: frozenset  # type names of the matmul weights, MoE ones included (the quantized path runs them)
     ctx: int
+    expert_bytes: int = 0  # quantized bytes of a MoE's experts and routers: never in an f16 copy
 
     def total(self, with_w16: bool) -> int:
         return self.weights + self.kv + self.scratch + (self.w16 if with_w16 else 0)
@@ -40,7 +41,7 @@ def kv_bytes(mf: ModelFile, kv_tokens: int, elem_bytes: int) -> int:
 
 def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int, kv_tokens: int | None = None) -> Estimate:
     """kv_tokens: positions the paged KV holds for all sequences together (None: one ctx)."""
-    weights = w16 = mm_bytes = 0
+    weights = w16 = mm_bytes = expert_bytes = 0
     types = set()
     for t, role in mf.tensors.values():
         weights += t.n_elems * VECTOR_ELEM_BYTES if role == VECTOR else t.n_bytes
@@ -49,6 +50,8 @@ def estimate(mf: ModelFile, traits: DeviceTraits, ctx: int, kv_tokens: int | Non
             mm_bytes += t.n_bytes
         if role == MATMUL or role in MOE_ROLES:
             types.add(t.qtype.name)
+        if role in MOE_ROLES:
+            expert_bytes += t.n_bytes
     scratch = traits.scratch_bytes(mf.spec, ctx, traits.max_batch)
     kv = kv_bytes(mf, kv_tokens or ctx, traits.kv_elem_bytes)
-    return Estimate(weights, w16, kv, scratch, mm_bytes, frozenset(types), ctx)
+    return Estimate(weights, w16, kv, scratch, mm_bytes, frozenset(types), ctx, expert_bytes)

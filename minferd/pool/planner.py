@@ -39,6 +39,11 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
     kv_dtype = "f16" if traits.kv_elem_bytes == 2 else "f32"
 
     def make(path: MatmulPath, reason: str, wants_w16: bool = False) -> Plan:
+        if path == MatmulPath.W16 and est.expert_bytes:
+            # Each token reads a few experts: their copy would cost most of the model's memory for
+            # a fraction of its reads, so a mixture's copy covers the dense weights only.
+            reason += (f"; the copy covers the dense weights (attention, output) only, not the experts and "
+                       f"routers ({fmt_bytes(est.expert_bytes)}, run quantized)")
         return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16), est.w16, wants_w16)
 
     q_path, q_why = quantized_path(est, traits)

@@ -85,8 +85,12 @@ def test_estimate_counts_experts_as_weights_without_an_f16_copy(synth_model):
     assert res["architecture"] == "qwen3moe" and res["fits"] and res["bytes"]["weights"] == est.weights
     experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
     assert res["classes"]["experts"] == {"quantized_bytes": experts, "f16_copy_bytes": 0, "used_per_token": "2 of 8"}
-    w16 = dry_run(str(mf.path), "cpu", ctx=256, budget="1GiB", matmul_path="w16")["classes"]
+    planned = dry_run(str(mf.path), "cpu", ctx=256, budget="1GiB", matmul_path="w16")
+    w16 = planned["classes"]
     assert w16["dense"] == {"quantized_bytes": est.matmul_bytes, "f16_copy_bytes": est.w16}  # the dense part's copy
+    assert est.expert_bytes == experts + sum(t.n_bytes for t, role in mf.tensors.values() if role == ROUTER)
+    assert "not the experts and routers" in planned["plan"]["reason"]  # what status says of the plan too
+    assert "experts" not in res["plan"]["reason"]  # a quantized plan copies nothing
     assert dry_run(str(synth_model("qwen2")), "cpu", ctx=256, budget="1GiB")["classes"] is None
 
 
