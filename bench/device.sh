@@ -16,6 +16,10 @@
 #            rounds, once per TC_CONFIGS="base cl" (MINFERD_TCGEMV_CONFIG)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
+#   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
+#            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
+#            same call (carry .llama); TESTS first while it builds; GRAPH_ROWS_AB="64 256" repeats each
+#            model once per MINFERD_GRAPH_ROWS
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -38,7 +42,10 @@ pack() {
 trap pack EXIT
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
-q7b() { [ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf; }
+synth() { [ -f /tmp/q$1.gguf ] || python3 -m minferd.cli synth --arch $2 --preset $3 --quant q4_k_m --random-blocks /tmp/q$1.gguf; }
+q7b() { synth 7b qwen2 7b; }
+q05b() { synth 05b qwen2 0.5b; }
+q8b() { synth 8b llama 8b; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # tests/cuda (or $TESTS) within $1 seconds in all: the kernel tests in 8 processes where pytest-xdist came
 # in .whl, then, alone on the GPU, those that read its free memory or run whole engines.
@@ -146,7 +153,25 @@ if [ "$stage" = cold ]; then
   rm -rf /tmp/cold-a /tmp/cold-b
   { echo "# warmup into an empty cache"; CUPY_CACHE_DIR=/tmp/cold-a /usr/bin/time -f "%e s wall" python3 -m minferd.cli warmup --device cuda
     echo "# the 7B's first token after it"; CUPY_CACHE_DIR=/tmp/cold-a first
-    echo "# the 7B's first token with an empty cache"; CUPY_CACHE_DIR=/tmp/cold-b first; } 2>&1 | tee "$OUT/cold.log"
+    [ -n "${COLD_BARE:-}" ] && { echo "# the 7B's first token with an empty cache"; CUPY_CACHE_DIR=/tmp/cold-b first; }; } \
+    2>&1 | tee "$OUT/cold.log"
+  cp -rn /tmp/cold-a/. "$CUPY_CACHE_DIR"/  # what warmup compiled comes back with the cache
+fi
+if [ "$stage" = latency ]; then
+  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  [ -n "${TESTS:-}" ] && cuda_tests ${TEST_LIMIT:-240}
+  for m in ${MODELS:-05b 7b 8b}; do q$m; done
+  wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
+  for m in ${MODELS:-05b 7b 8b}; do
+    with=${lb:-}
+    for rows in ${GRAPH_ROWS_AB:-default}; do
+      echo "# q$m.gguf, graph rows $rows" | tee -a "$OUT/latency.log"
+      [ "$rows" = default ] && rows=""
+      MINFERD_GRAPH_ROWS=$rows timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
+        --json "$OUT/latency-$m${rows:+-$rows}.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
+      with=""  # llama.cpp's columns once a model
+    done
+  done
 fi
 if [ "$stage" = serve ]; then
   # The build runs while the tests do; the benches wait for it (the daemon's compute threads run

@@ -57,6 +57,7 @@ VALVES = {
     "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
     "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",
     "MINFERD_TCGEMV_CONFIG": "a kernels/tcgemv.py CONFIGS key for every tcgemv launch (the A/B of bench/serve.py)",
+    "MINFERD_GRAPH_ROWS": "1-256: steps of up to this many tokens replay a decode graph (the A/B of bench/latency.py)",
 }
 
 

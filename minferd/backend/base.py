@@ -227,9 +227,27 @@ class Backend(ABC):
         softmax of the k logits alone), and the sum of those experts' down(silu(gate x) * up x),
         weighted. The *_exps weights stack the experts on their third axis. gpt-oss adds
         exps_bias, (gate, up, down) biases of shape (rows, n_expert), and in place of SwiGLU
-        swiglu_oai with oai_glu = (alpha, limit). (Only the CPU backend has it so far; MoE models
-        are refused elsewhere.)"""
-        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts op")
+        swiglu_oai with oai_glu = (alpha, limit). Here expert by expert through this backend's
+        own ops (backend/moe.py); the CPU backend has its own."""
+        from minferd.backend.moe import by_expert
+        return by_expert(self, x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu)
+
+    # ---- what backend/moe.py's expert-by-expert MLP needs besides the ops above -----------------
+    def take_rows(self, x, rows: np.ndarray):
+        """x[rows] (rows: host int array) as a new C-contiguous f32 array."""
+        raise NotImplementedError(f"the {self.name} backend has no row gather")
+
+    def add_rows(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
+        """out[rows] += weights[:, None] * y in place, rows distinct."""
+        raise NotImplementedError(f"the {self.name} backend has no row scatter")
+
+    def bias_row(self, w: Weight, r: int):
+        """Row r of a 2-D tensor as (1, row_elems) f32 (an expert's bias)."""
+        raise NotImplementedError(f"the {self.name} backend has no row dequantizer")
+
+    def residual_out(self, residual, shape):
+        """A fresh f32 array of `shape`: the residual's copy, or zeros."""
+        raise NotImplementedError(f"the {self.name} backend has no residual copy")
 
     def swiglu_oai(self, gate, up, alpha: float, limit: float):
         """gpt-oss's clamped SwiGLU (ggml_swiglu_oai): g = min(gate, limit), u = clamp(up, ±limit),

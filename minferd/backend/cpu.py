@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from minferd.backend import moe
 from minferd.backend.base import Backend, KVCache, Weight, allocate_all
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
@@ -155,19 +156,11 @@ class CpuBackend(Backend):
             residual=None, router_bias=None, exps_bias=None, oai_glu=None):
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
-        logits = self.matmul(x, router, router_bias)  # (n, n_expert)
-        top = np.argpartition(-logits, k - 1, axis=1)[:, :k]  # each token's k experts, unordered
-        # Softmax over all experts then renormalizing the top k is the softmax of the top k alone:
-        # the denominator over all experts cancels.
-        chosen = np.take_along_axis(logits, top, axis=1)
-        p = np.exp(chosen - chosen.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        out = np.zeros((n, down_exps.shape[1]), np.float32) if residual is None else np.array(residual, np.float32)
+        top, p = moe.route(self.matmul(x, router, router_bias), k)
+        out = self.residual_out(residual, (n, down_exps.shape[1]))
         # Tokens grouped by expert: each chosen expert's rows are dequantized once for the pass.
-        # A token picks an expert at most once, so a group's rows are distinct and += is safe.
-        picks, weights = top.ravel(), p.ravel()  # pick i is token i // k's
-        order = np.argsort(picks, kind="stable")
-        bounds = np.searchsorted(picks[order], np.arange(router.n_rows + 1))
+        order, bounds = moe.groups(top, router.n_rows)
+        weights = p.ravel()
         f, d = gate_exps.shape[1], down_exps.shape[1]
 
         # One pool task per expert, not per row block: a tiny expert's product is one block, and
@@ -188,8 +181,20 @@ class CpuBackend(Backend):
             return mine, y
 
         for mine, y in self._pool.map(expert, np.flatnonzero(np.diff(bounds))):
-            out[mine // k] += weights[mine][:, None] * y
+            self.add_rows(out, mine // k, y, weights[mine])
         return out
+
+    def take_rows(self, x, rows):
+        return np.ascontiguousarray(x[rows], dtype=np.float32)
+
+    def add_rows(self, out, rows, y, weights) -> None:
+        out[rows] += weights[:, None] * y
+
+    def bias_row(self, w: Weight, r: int):
+        return self._dequant_rows(w, r, r + 1)
+
+    def residual_out(self, residual, shape):
+        return np.zeros(shape, np.float32) if residual is None else np.array(residual, np.float32)
 
     def embed(self, ids, w: Weight):
         ids = np.asarray(ids, dtype=np.int64)

@@ -16,7 +16,7 @@ import numpy as np
 from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
-from minferd.backend.cuda_graph import DecodeGraph, decode_bucket
+from minferd.backend.cuda_graph import BUCKETS, DecodeGraph, decode_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
 from minferd.kernels import mmq_small, module, tcgemv
@@ -27,7 +27,8 @@ from minferd.kernels.quant import QuantType, row_bytes
 from minferd.devices import CUDA_MAX_BATCH
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
-GRAPH_ROWS = 64  # a step of at most this many tokens (any mix of prefill and decode) runs a decode graph
+GRAPH_ROWS = 256  # a step of at most this many tokens (any mix of prefill and decode) runs a decode graph
+# (bench/results/s11-latency: a 128-token prompt's TTFT on the 7B 42.1 ms eager, 9.0 as rows of the 128 graph)
 
 
 def _ops():
@@ -63,6 +64,9 @@ class CudaBackend(CudaMatmuls, Backend):
         self.tc_config = valve("MINFERD_TCGEMV_CONFIG") or tcgemv.CONFIG
         if self.tc_config not in tcgemv.CONFIGS:
             raise ValueError(f"MINFERD_TCGEMV_CONFIG={self.tc_config!r}: not one of {', '.join(tcgemv.CONFIGS)}")
+        self.graph_rows = int(valve("MINFERD_GRAPH_ROWS") or GRAPH_ROWS)
+        if not 1 <= self.graph_rows <= BUCKETS[-1]:
+            raise ValueError(f"MINFERD_GRAPH_ROWS={self.graph_rows}: not in 1..{BUCKETS[-1]}")
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
@@ -159,6 +163,19 @@ class CudaBackend(CudaMatmuls, Backend):
         dequant_rows(w.qtype, w.data, ids, out)
         return out
 
+    # ---- what Backend.moe (backend/moe.py, expert by expert) runs on ----------------------
+    def take_rows(self, x, rows):
+        return cp.ascontiguousarray(x[cp.asarray(rows)], dtype=cp.float32)
+
+    def add_rows(self, out, rows, y, weights) -> None:
+        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y  # rows distinct
+
+    def bias_row(self, w: Weight, r: int):
+        return self.embed([r], w)  # a row of the 2-D tensor, dequantized: what embed does
+
+    def residual_out(self, residual, shape):
+        return cp.zeros(shape, cp.float32) if residual is None else cp.array(residual, dtype=cp.float32)
+
     # ---- small ops -----------------------------------------------------------------------
     def rmsnorm(self, x, weight: Weight, eps):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
@@ -246,10 +263,10 @@ class CudaBackend(CudaMatmuls, Backend):
 
     # ---- decode as a graph, sampling on the device ----------------------------------------------
     def run(self, model, batch, cache: KVCache):
-        """A step of up to GRAPH_ROWS tokens replays a decode graph, prefill chunks included (each
+        """A step of up to graph_rows tokens replays a decode graph, prefill chunks included (each
         token a row: Batch.as_rows); eagerly, such a pass is ~400 launches from Python, ~25 ms
         whatever its size (a prefix-cache hit's few tokens, a short prompt)."""
-        if batch.is_decode or len(batch.ids) > GRAPH_ROWS:
+        if batch.is_decode or len(batch.ids) > self.graph_rows:
             return super().run(model, batch, cache)
         logits = self.decode(model, batch.as_rows(), cache)
         with self.stream:

@@ -39,7 +39,9 @@ class DecodeGraph:
                            np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32), np.zeros((n, width), np.int32),
                            cache.block_size, dev)
         self.graph = None
-        self.eager = False  # capture failed (a kernel that cannot be captured): run the step as is
+        # Capture failed (a kernel that cannot be captured), or the model's pass reads results
+        # on the host (its MoE routing): run the step as is.
+        self.eager = not getattr(model, "graph_safe", True)
         self.pool = be.arena.graph_pool()  # the graph's buffers (and an eager step's, after a failed capture)
 
     def run(self, batch: Batch):

@@ -1,6 +1,5 @@
 """Qwen3-MoE on the CPU backend: the routed MLP against a per-token reference, the real
-30B-A3B's shapes, what the estimator and the W16 plan make of expert tensors, and the refusal
-on CUDA before anything is allocated. (llama.cpp's view: test_oracle.py; batching: test_engine.py.)"""
+30B-A3B's shapes, what the estimator and the W16 plan make of expert tensors, and a CUDA plan. (llama.cpp's view: test_oracle.py; batching: test_engine.py.)"""
 import numpy as np
 import pytest
 
@@ -100,20 +99,9 @@ def test_w16_plan_copies_no_expert_or_router(synth_model):
         assert (lm.model.w[name].w16 is not None) == (role == MATMUL), name
 
 
-def test_cuda_is_refused_before_any_allocation(synth_model, monkeypatch):
-    path = synth_model("qwen3moe", "q8_0")
-
-    def no_backend(*a, **kw):
-        raise AssertionError("a backend was made")
-
-    monkeypatch.setattr(loader, "make_backend", no_backend)
-    with pytest.raises(ModelFileError) as e:
-        load_local(str(path), device="cuda")
-    assert str(path) in str(e.value) and "qwen3moe runs on the CPU backend only so far" in str(e.value)
-
-    h = Host(no_backend, HostMemory(), cuda_traits(), 1 << 30, device="cuda:0")
-    with pytest.raises(ModelFileError, match="CPU backend only"):
-        h.load("m", str(path))
-    assert h.ledger.held() == 0 and not h.weight_sets and not h.models
-    with pytest.raises(ModelFileError, match="CPU backend only"):
-        dry_run(str(path), "cuda", budget="80GiB")
+def test_cuda_plans_it(synth_model):
+    """qwen3moe runs on CUDA too (its MoE expert by expert: tests/cuda/test_moe_cuda.py): a
+    CUDA plan is made without a device, the W16 copy covering the dense weights only."""
+    res = dry_run(str(synth_model("qwen3moe", "q8_0")), "cuda", ctx=256, budget="80GiB", matmul_path="w16")
+    assert res["fits"] and res["architecture"] == "qwen3moe"
+    assert res["classes"]["dense"]["f16_copy_bytes"] > 0 and res["classes"]["experts"]["f16_copy_bytes"] == 0

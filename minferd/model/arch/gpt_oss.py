@@ -17,7 +17,8 @@ SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 
 class GptOssModel(LlamaModel):
-    backends = ("cpu",)  # the CUDA backend has no MoE, sink or YaRN kernels yet: refused at load
+    backends = ("cpu",)  # the CUDA backend has no sink or YaRN kernels yet: refused at load
+    graph_safe = False  # the MoE routing is decided on the host, a layer at a time
 
     @classmethod
     def expected_tensors(cls, s):

@@ -25,6 +25,7 @@ MOE_ROLES = (EXPERTS, ROUTER)
 
 class LlamaModel:
     backends = ("cpu", "cuda")  # the backends with kernels for every op its forward pass calls
+    graph_safe = True  # a pass never reads the device's results on the host (a CUDA graph can hold it)
 
     def __init__(self, spec: ModelSpec, weights: dict[str, Weight], backend: Backend):
         self.spec, self.w, self.be = spec, weights, backend

@@ -9,7 +9,8 @@ from minferd.model.arch.qwen3 import Qwen3Model
 
 
 class Qwen3MoeModel(Qwen3Model):
-    backends = ("cpu",)  # the CUDA backend has no MoE kernels yet: refused at load
+    backends = ("cpu", "cuda")  # CUDA's MoE is backend/moe.py's, expert by expert (tests/cuda/test_moe_cuda.py)
+    graph_safe = False  # the routing is decided on the host, a layer at a time
 
     @classmethod
     def layer_tensors(cls, s, p):

@@ -1,0 +1,66 @@
+"""Mixture-of-experts routing, and the MLP run expert by expert on any backend's matmuls.
+
+`route` is llama.cpp's build_moe_ffn routing on the host: each token's top k experts by the
+router's logits, weighted by the softmax of those k logits (the softmax over all experts,
+renormalized over the top k, is the same: the denominator over all experts cancels). `by_expert`
+groups the (token, expert) picks by expert and runs each chosen expert once on its tokens through
+the backend's own matmul, activation and row gather / scatter, so a backend with those has the
+op: the CUDA backend's MoE is this (the CPU backend has its own, which dequantizes each expert
+once for its three products, and tests/unit/test_moe_by_expert.py holds the two equal).
+
+The router's logits cross to the host once a layer (n x n_expert floats) to decide the groups:
+a pass that runs this cannot be captured into a CUDA graph (models say so: `graph_safe`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from minferd.backend.base import Weight
+
+
+def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """logits (n, n_expert) f32 -> (top (n, k) expert ids, unordered; weights (n, k) summing to 1)."""
+    top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    chosen = np.take_along_axis(logits, top, axis=1)
+    p = np.exp(chosen - chosen.max(axis=1, keepdims=True))
+    return top, p / p.sum(axis=1, keepdims=True)
+
+
+def groups(top: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """The picks (top.ravel(): pick i is token i // k's) in expert order, and bounds: expert e's
+    picks are order[bounds[e]:bounds[e + 1]]. A token picks an expert at most once, so a group's
+    tokens are distinct."""
+    picks = top.ravel()
+    order = np.argsort(picks, kind="stable")
+    return order, np.searchsorted(picks[order], np.arange(n_expert + 1))
+
+
+def expert(w: Weight, e: int) -> Weight:
+    """Expert e of a stacked (K, R, n_expert) tensor as a (K, R) matrix: rows e*R .. (e+1)*R."""
+    r = w.shape[1]
+    return Weight(f"{w.name}[{e}]", w.qtype, (w.shape[0], r), w.data[e * r:(e + 1) * r], w.mem)
+
+
+def by_expert(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
+              residual=None, router_bias=None, exps_bias=None, oai_glu=None):
+    """Backend.moe's contract through be's matmul, swiglu (or swiglu_oai), take_rows, add_rows
+    and bias_row."""
+    n = x.shape[0]
+    top, p = route(be.to_host(be.matmul(x, router, router_bias)), k)
+    order, bounds = groups(top, router.n_rows)
+    weights = p.ravel()
+    out = be.residual_out(residual, (n, down_exps.shape[1]))
+    for e in np.flatnonzero(np.diff(bounds)):
+        mine = order[bounds[e]:bounds[e + 1]]
+        xe = be.take_rows(x, mine // k)
+        g = be.matmul(xe, expert(gate_exps, e))
+        u = be.matmul(xe, expert(up_exps, e))
+        if exps_bias is not None:  # (rows, n_expert) tensors: expert e's bias is their row e
+            g = g + be.bias_row(exps_bias[0], e)
+            u = u + be.bias_row(exps_bias[1], e)
+        h = be.swiglu(g, u) if oai_glu is None else be.swiglu_oai(g, u, *oai_glu)
+        y = be.matmul(h, expert(down_exps, e))
+        if exps_bias is not None:
+            y = y + be.bias_row(exps_bias[2], e)
+        be.add_rows(out, mine // k, y, weights[mine])
+    return out

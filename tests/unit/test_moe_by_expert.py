@@ -1,0 +1,57 @@
+"""backend/moe.py's expert-by-expert MLP (what the CUDA backend runs) against the CPU backend's
+own MoE, on the CPU: the same routing and products through the backend's matmul and row ops, so
+whole-model logits agree, qwen3moe and gpt-oss (router and expert biases, swiglu_oai) alike."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minferd.backend import moe
+from minferd.backend.base import Backend
+from minferd.backend.cpu import CpuBackend
+from minferd.model.generate import prefill
+from minferd.model.loader import load_local
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k"), ("qwen3moe", "q8_0"), ("gpt-oss", "q8_0")])
+def test_by_expert_equals_the_cpu_backends_moe(synth_model, arch, quant, monkeypatch):
+    lm = load_local(synth_model(arch, quant), threads=1)
+    ids = np.random.default_rng(3).integers(0, lm.spec.n_vocab, 40)
+    calls = []
+    real = moe.by_expert
+
+    def counted(*a, **kw):
+        calls.append(a[1].shape[0])
+        return real(*a, **kw)
+
+    want = prefill(lm.model, ids, lm.model.new_cache(lm.model.be.untracked(), 64), all_logits=True)
+    monkeypatch.setattr(moe, "by_expert", counted)
+    monkeypatch.setattr(CpuBackend, "moe", Backend.moe)
+    got = prefill(lm.model, ids, lm.model.new_cache(lm.model.be.untracked(), 64), all_logits=True)
+    assert calls and all(n == len(ids) for n in calls)  # the generic path ran, once a layer
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_route_and_groups():
+    logits = np.array([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 4.0], [1.0, 1.5, 9.0, 0.0]], np.float32)
+    top, p = moe.route(logits, 2)
+    assert [sorted(t) for t in top.tolist()] == [[1, 3], [0, 3], [1, 2]]
+    assert np.allclose(p.sum(1), 1)
+    chosen = np.take_along_axis(logits, top, 1)
+    assert np.allclose(p, np.exp(chosen) / np.exp(chosen).sum(1, keepdims=True))
+    order, bounds = moe.groups(top, 4)
+    picks = top.ravel()
+    for e in range(4):
+        mine = order[bounds[e]:bounds[e + 1]]
+        assert (picks[mine] == e).all() and len(set(mine // 2)) == len(mine)
+    assert bounds[-1] == top.size
+
+
+def test_expert_view_is_its_rows(synth_model):
+    lm = load_local(synth_model("qwen3moe", "q8_0"), threads=1)
+    w = lm.model.w["blk.0.ffn_gate_exps.weight"]
+    e = moe.expert(w, 3)
+    r = w.shape[1]
+    assert e.shape == (w.shape[0], r) and e.n_rows == r and e.row_elems == w.row_elems
+    assert np.shares_memory(e.data, w.data) and np.array_equal(e.data, w.data[3 * r:4 * r])
