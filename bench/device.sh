@@ -18,7 +18,7 @@
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
-#            same call (carry .llama); TESTS first while it builds; GRAPH_ROWS_AB="64 256" repeats each
+#            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); GRAPH_ROWS_AB="64 256" repeats each
 #            model once per MINFERD_GRAPH_ROWS
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
@@ -159,7 +159,7 @@ if [ "$stage" = cold ]; then
 fi
 if [ "$stage" = latency ]; then
   (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
-  [ -n "${TESTS:-}" ] && cuda_tests ${TEST_LIMIT:-240}
+  if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   for m in ${MODELS:-05b 7b 8b}; do q$m; done
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
   for m in ${MODELS:-05b 7b 8b}; do
@@ -168,6 +168,7 @@ if [ "$stage" = latency ]; then
       echo "# q$m.gguf, graph rows $rows" | tee -a "$OUT/latency.log"
       [ "$rows" = default ] && rows=""
       MINFERD_GRAPH_ROWS=$rows timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
+        --lengths ${LENGTHS:-1,16,128,512,1024,2048} \
         --json "$OUT/latency-$m${rows:+-$rows}.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
       with=""  # llama.cpp's columns once a model
     done

@@ -25,6 +25,11 @@ class MatmulPath(str, enum.Enum):
 
 
 CUDA_MAX_BATCH = 2048
+# A step of at most this many tokens (any mix of prefill and decode) replays a decode graph, each
+# token a row (bench/results/s11-latency: a 128-token prompt's TTFT on the 7B 42.1 ms eager, 9.0 so).
+CUDA_GRAPH_ROWS = 256
+PREFILL_GRAPH_TOKENS = 1024
+GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it  # one sequence's prefill of up to this many tokens replays a prefill graph
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's own workspace per model, set so its calls can be captured (Hopper's size)
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
@@ -74,6 +79,11 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # mmq_small's (or tcgemv's) x and split partials: the eager pool's and the 16-, 32- and
     # 64-row graphs' own
     decode += 4 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
+    # The prefill graphs' one pool (backend/cuda_graph.PrefillGraph): a pass of the largest bucket
+    # (no dequantized tiles in a graph; one logits row). Graphs of more than 64 rows may run MMQ,
+    # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
+    decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
+    decode += 3 * GRAPH_UNPACK_BYTES
     total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20) + CUBLAS_WORKSPACE_BYTES
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 

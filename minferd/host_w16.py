@@ -25,7 +25,7 @@ class W16Mixin:
             workers = [u.worker for u in ws.users]
         from minferd.worker import call_exclusive
         try:
-            freed = call_exclusive(workers, lambda job: sum(ws.backend.drop_w16(w) for w in ws.matmul_weights()))
+            freed = call_exclusive(workers, lambda job: _drop_all(ws))
         finally:
             ws.changing = False
         self.ledger.unreserve(ws.tag, freed)
@@ -58,9 +58,9 @@ class W16Mixin:
                 for w in ws.matmul_weights():
                     be.make_w16(w)
             except BaseException:
-                for w in ws.matmul_weights():
-                    be.drop_w16(w)
+                _drop_all(ws)
                 raise
+            be.weights_changed()
 
         try:
             call_exclusive(workers, build)
@@ -111,3 +111,10 @@ class W16Mixin:
             except MinferdError:
                 pass
         return done
+
+
+def _drop_all(ws) -> int:
+    """Drop a weight set's f16 copies (its users' workers held); the graphs that read them go too."""
+    freed = sum(ws.backend.drop_w16(w) for w in ws.matmul_weights())
+    ws.backend.weights_changed()
+    return freed

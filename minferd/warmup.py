@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from minferd.config import ServeConfig
-from minferd.devices import MatmulPath
+from minferd.devices import CUDA_GRAPH_ROWS, MatmulPath
 from minferd.host import Host, LoadOptions
 from minferd.model.sampler import SamplingParams
 from minferd.model.synth import write_model
@@ -32,10 +32,11 @@ from minferd.model.synth import write_model
 RUNS = [("qwen2", MatmulPath.W16, None), ("qwen2", MatmulPath.MMQ, "mmq"), ("qwen2", MatmulPath.MMQ, "tiles"),
         ("qwen2", MatmulPath.FUSED_B, "fused_b"), ("qwen2", MatmulPath.MMQ, "small"), ("qwen2", MatmulPath.W16, "tc"),
         ("gemma3", MatmulPath.W16, None)]
-# Together past the 64 rows a decode graph takes (the eager prefill kernels), then decode steps of
+# Together past the rows a decode graph takes (the eager prefill kernels), then decode steps of
 # three sequences (the mat-vec kernels); then one prompt of 9-64 tokens alone (a graph replay of
 # 32 rows: the small-batch kernels).
-PROMPTS = (80, 5, 17)
+PROMPTS = (CUDA_GRAPH_ROWS + 20, 5, 17)
+CTX = 512
 SHORT_PROMPT = 30
 SAMPLING = (SamplingParams(temperature=0, max_tokens=6),
             SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, max_tokens=6, seed=1),
@@ -81,7 +82,7 @@ def _warm(host: Host, workdir: Path, say) -> None:
             os.environ["MINFERD_PREFILL_KERNEL"] = kernel
         try:
             name = f"warmup-{arch}-{plan.value}-{kernel or 'gate'}"
-            host.load(name, str(files[arch]), LoadOptions(matmul_path=plan, ctx=256, kv_tokens=1024, keep_alive=-1))
+            host.load(name, str(files[arch]), LoadOptions(matmul_path=plan, ctx=CTX, kv_tokens=2 * CTX, keep_alive=-1))
         finally:
             if before is None:
                 os.environ.pop("MINFERD_PREFILL_KERNEL", None)

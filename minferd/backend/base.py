@@ -128,6 +128,10 @@ class Backend(ABC):
         w.w16 = None
         return n
 
+    def weights_changed(self) -> None:
+        """Weights' f16 copies were dropped or built: what was captured over them goes (CUDA
+        graphs). Called with no pass running."""
+
     def alloc_kv(self, mem, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> KVCache:
         dtype = np.float32 if self.kv_dtype == "f32" else np.float16
         shape = (n_blocks * block_size, n_kv_heads, head_dim)

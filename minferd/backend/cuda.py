@@ -16,7 +16,7 @@ import numpy as np
 from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
-from minferd.backend.cuda_graph import BUCKETS, DecodeGraph, decode_bucket
+from minferd.backend.cuda_graph import BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
 from minferd.kernels import mmq_small, module, tcgemv
@@ -24,11 +24,9 @@ from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import CUDA_MAX_BATCH
+from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
-GRAPH_ROWS = 256  # a step of at most this many tokens (any mix of prefill and decode) runs a decode graph
-# (bench/results/s11-latency: a 128-token prompt's TTFT on the 7B 42.1 ms eager, 9.0 as rows of the 128 graph)
 
 
 def _ops():
@@ -64,7 +62,7 @@ class CudaBackend(CudaMatmuls, Backend):
         self.tc_config = valve("MINFERD_TCGEMV_CONFIG") or tcgemv.CONFIG
         if self.tc_config not in tcgemv.CONFIGS:
             raise ValueError(f"MINFERD_TCGEMV_CONFIG={self.tc_config!r}: not one of {', '.join(tcgemv.CONFIGS)}")
-        self.graph_rows = int(valve("MINFERD_GRAPH_ROWS") or GRAPH_ROWS)
+        self.graph_rows = int(valve("MINFERD_GRAPH_ROWS") or CUDA_GRAPH_ROWS)
         if not 1 <= self.graph_rows <= BUCKETS[-1]:
             raise ValueError(f"MINFERD_GRAPH_ROWS={self.graph_rows}: not in 1..{BUCKETS[-1]}")
         self.in_graph = False  # a decode graph is being captured (see capturing)
@@ -73,6 +71,7 @@ class CudaBackend(CudaMatmuls, Backend):
         self.arena: Arena | None = None
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
+        self._prefill_pool = None  # what every prefill graph of this backend allocates from
         # The converted form of the latest matmul input, (key, array, converted): q/k/v and
         # gate/up read one input back to back, which is quantized (or cast to f16) once. One
         # slot: a pass's scratch must not grow with its layers. The slot holds the array, so
@@ -105,8 +104,22 @@ class CudaBackend(CudaMatmuls, Backend):
         self._arena_buf = mem.empty("scratch", (nbytes,), np.uint8)
         self.arena = Arena(self._arena_buf)
 
+    def weights_changed(self) -> None:
+        """A captured graph reads the weights it was captured with (a cuBLAS product the f16
+        copy): after the copy is dropped or built, every graph goes, and their memory with them
+        (a new arena over the same buffer: the old one's chunks are never given back one by one).
+        Called with no pass running (the host holds the model's workers)."""
+        self.graphs.clear()
+        self._prefill_pool = None
+        self._cublas_ws = None
+        self._xq = self._x16 = self._xm = None
+        if self.arena is not None:
+            self.arena.close()  # breaks its pool's cycle: else the buffer lives until the collector runs
+            self.arena = Arena(self._arena_buf)
+
     def free_scratch(self, mem) -> None:
         self.graphs.clear()
+        self._prefill_pool = None
         self._cublas_ws = None
         if self.arena is not None:
             self.arena.close()
@@ -231,6 +244,8 @@ class CudaBackend(CudaMatmuls, Backend):
     def attention(self, q, cache: KVCache, layer, batch, window, scale):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         k, v = cache.k[layer], cache.v[layer]
+        if "prefill_dims" in batch.dev:  # a prefill graph's pass (cuda_graph.PrefillGraph)
+            return cuda_attention.paged_prefill(q, k, v, batch, window, scale)
         if batch.is_decode:
             xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
             return cuda_attention.decode(q, k, v, batch, window, scale, xq)
@@ -264,13 +279,28 @@ class CudaBackend(CudaMatmuls, Backend):
     # ---- decode as a graph, sampling on the device ----------------------------------------------
     def run(self, model, batch, cache: KVCache):
         """A step of up to graph_rows tokens replays a decode graph, prefill chunks included (each
-        token a row: Batch.as_rows); eagerly, such a pass is ~400 launches from Python, ~25 ms
-        whatever its size (a prefix-cache hit's few tokens, a short prompt)."""
-        if batch.is_decode or len(batch.ids) > self.graph_rows:
+        token a row: Batch.as_rows); one sequence's prefill of up to PREFILL_BUCKETS[-1] tokens a
+        prefill graph. Eagerly, such a pass is ~400 launches from Python, 20-40 ms whatever its
+        size (a prefix-cache hit's few tokens, a short prompt)."""
+        n = len(batch.ids)
+        if batch.is_decode:
             return super().run(model, batch, cache)
-        logits = self.decode(model, batch.as_rows(), cache)
-        with self.stream:
-            return logits[cp.asarray(batch.last_rows().astype(np.int64))]
+        if n <= self.graph_rows:
+            logits = self.decode(model, batch.as_rows(), cache)
+            with self.stream:
+                return logits[cp.asarray(batch.last_rows().astype(np.int64))]
+        bucket = prefill_bucket(n)
+        if batch.n_seqs == 1 and bucket and getattr(model, "graph_safe", True) \
+                and model.spec.head_dim in cuda_attention.PREFILL_HEAD_DIMS:
+            key = (id(cache), "prefill", bucket, batch.block_tables.shape[1])
+            g = self.graphs.get(key)
+            if g is None:
+                if self._prefill_pool is None:
+                    self._prefill_pool = self.arena.graph_pool()
+                g = self.graphs[key] = PrefillGraph(self, model, cache, bucket, batch.block_tables.shape[1],
+                                                    self._prefill_pool)
+            return g.run(batch)
+        return super().run(model, batch, cache)
 
     def decode(self, model, batch, cache: KVCache):
         """Logits (B, vocab) of a decode batch through the graph of its size bucket (captured on

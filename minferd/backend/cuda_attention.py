@@ -14,7 +14,7 @@ from minferd.backend.batch import Batch
 from minferd.devices import DECODE_PARTIAL_ROWS
 from minferd.kernels import module
 from minferd.kernels.attn_decode import attn_decode, splits_for
-from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill
+from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill, attn_prefill_paged
 
 
 def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: int):
@@ -44,6 +44,15 @@ def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: i
                                                       np.int32(window)))
     o = cp.matmul(sc, vf.transpose(1, 0, 2))  # (hkv, g*n, d)
     return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d)
+
+
+def paged_prefill(q, k, v, batch, window: int, scale: float):
+    """A prefill graph's one sequence (cuda_graph.PrefillGraph): its queries over its keys through
+    its block table, first and the real query count read from the device."""
+    out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
+    attn_prefill_paged(q, k, v, out, batch.dev["block_tables"][0], batch.dev["prefill_dims"],
+                       block_size=batch.block_size, window=window, scale=scale)
+    return out
 
 
 def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None):

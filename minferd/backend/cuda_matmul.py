@@ -16,7 +16,7 @@ import numpy as np
 
 from minferd.backend import gates
 from minferd.backend.base import Weight
-from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS
+from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
@@ -78,6 +78,8 @@ class CudaMatmuls:
     def _unpack_bytes(self) -> int:
         """mmq's slice of unpacked weights takes at most an eighth of the arena (the estimate
         adds that eighth: devices.cuda_scratch_bytes)."""
+        if self.in_graph:  # a graph keeps its slice for good: a small one, in more launches
+            return GRAPH_UNPACK_BYTES
         return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.buf.nbytes // 8)
 
     def _prefill_kernels(self, w: Weight, n: int) -> tuple[str, ...]:

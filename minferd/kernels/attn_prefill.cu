@@ -18,6 +18,11 @@
 // 2t+1, 2t+8, 2t+9; B (k x n) k 2t.., n g; C rows g, g+8 x cols 2t, 2t+1. Shared rows are
 // padded by 8 halves so those 32-bit reads hit 32 different banks.
 //
+// PAGED: the keys of one sequence through its block table (slot of position p: table[p / bs] *
+// bs + p % bs), and first and the query count read from the device (dims[0], dims[1]), so a
+// captured prefill graph replays for any prompt up to its n rows; rows from dims[1] to n are
+// written as zeros (they are the graph's padding).
+//
 // CPU reference: the NumPy attention of backend/cpu.py (tests/cuda/test_backend.py).
 #include <cuda_fp16.h>
 
@@ -54,11 +59,11 @@ struct Smem {
   static constexpr int BYTES = (BQ + 2 * BK) * ROW * 2;
 };
 
-template <int D, int BK>
+template <int D, int BK, bool PAGED>
 __global__ void __launch_bounds__(128)
 attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const __half* __restrict__ Vc,
              float* __restrict__ out, int n, int hq, int hkv, int slots, int first, int lo, int window,
-             float qscale) {
+             float qscale, const int* __restrict__ table, int bs, const int* __restrict__ dims) {
   typedef Smem<D, BK> S;
   constexpr int ROW = S::ROW, BQ = S::BQ, NT = BK / 8, DT = D / 8, KS = D / 16;
   // Q fragments stay in registers where they fit beside the O accumulators (D <= 128).
@@ -71,12 +76,25 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
   const int h = blockIdx.y, kvh = h / (hq / hkv), q0 = blockIdx.x * BQ;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const long long qstride = (long long)hq * D, kvstride = (long long)hkv * D;
+  int nv = n;  // queries with a position (the rest are padding)
+  if constexpr (PAGED) {
+    first = dims[0];
+    nv = dims[1];
+    lo = 0;
+  }
+  if (q0 >= nv) {  // a tile of padding rows only
+    for (int c = tid; c < BQ * D; c += 128) {
+      const int r = q0 + c / D;
+      if (r < n) out[r * qstride + (long long)h * D + c % D] = 0.f;
+    }
+    return;
+  }
 
   // Q tile -> shared, scaled and rounded to f16 (rows past n are zeros and never written out).
   for (int c = tid; c < BQ * D / 4; c += 128) {
     const int r = c / (D / 4), e = (c % (D / 4)) * 4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (q0 + r < n) v = *reinterpret_cast<const float4*>(q + (q0 + r) * qstride + (long long)h * D + e);
+    if (q0 + r < nv) v = *reinterpret_cast<const float4*>(q + (q0 + r) * qstride + (long long)h * D + e);
     *reinterpret_cast<u32*>(Qs + r * ROW + e) = pack_h2(v.x * qscale, v.y * qscale);
     *reinterpret_cast<u32*>(Qs + r * ROW + e + 2) = pack_h2(v.z * qscale, v.w * qscale);
   }
@@ -99,7 +117,7 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int qp[2] = {first + q0 + wr + g, first + q0 + wr + g + 8};  // positions of this lane's two rows
 
-  const int last = first + n - 1;
+  const int last = first + nv - 1;
   const int kmax = min(last, first + q0 + BQ - 1);
   int kmin = lo;
   if (window > 0) kmin = max(kmin, first + q0 - window + 1);
@@ -111,7 +129,8 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
       const int r = c / DT, e = (c % DT) * 8, kp = k0 + r;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (kp <= kmax) {
-        const long long src = (long long)(kp % slots) * kvstride + (long long)kvh * D + e;
+        const long long slot = PAGED ? (long long)table[kp / bs] * bs + kp % bs : kp % slots;
+        const long long src = slot * kvstride + (long long)kvh * D + e;
         kv = *reinterpret_cast<const uint4*>(Kc + src);
         vv = *reinterpret_cast<const uint4*>(Vc + src);
       }
@@ -203,7 +222,8 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
   for (int j = 0; j < 2; ++j) {
     const int row = q0 + wr + g + 8 * j;
     if (row >= n) continue;
-    const float inv = 1.0f / l[j];  // every query sees at least its own key: l > 0
+    // Every query sees at least its own key: l > 0. A padding row (PAGED) is zeros.
+    const float inv = row < nv ? 1.0f / l[j] : 0.f;
     float* dst = out + row * qstride + (long long)h * D + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)

@@ -16,12 +16,12 @@ HEAD_DIMS = tuple(KEY_TILE)
 _ROW_PAD = 8
 
 
-def _name(d: int) -> str:
-    return f"attn_prefill<{d}, {KEY_TILE[d]}>"
+def _name(d: int, paged: bool = False) -> str:
+    return f"attn_prefill<{d}, {KEY_TILE[d]}, {'true' if paged else 'false'}>"
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_name(d) for d in HEAD_DIMS)
+    return tuple(_name(d, paged) for d in HEAD_DIMS for paged in (False, True))
 
 
 def smem_bytes(d: int) -> int:
@@ -29,17 +29,15 @@ def smem_bytes(d: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _fn(d: int):
-    f = module("attn_prefill", names()).get_function(_name(d))
+def _fn(d: int, paged: bool = False):
+    f = module("attn_prefill", names()).get_function(_name(d, paged))
     f.max_dynamic_shared_size_bytes = smem_bytes(d)  # past the default 48 KB for d >= 128
     return f
 
 
-def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float) -> None:
-    """out (n, hq * d) f32 = attention of q (n, hq, d) f32 at positions first..first+n-1 over the
-    cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none."""
+def _check(q, K, V, out) -> None:
     n, hq, d = q.shape
-    slots, hkv = K.shape[0], K.shape[1]
+    hkv = K.shape[1]
     if d not in KEY_TILE:
         raise ValueError(f"attn_prefill: head dim {d}, supported {HEAD_DIMS}")
     if q.dtype != np.float32 or not q.flags.c_contiguous:
@@ -51,9 +49,37 @@ def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float
         raise ValueError(f"attn_prefill: {hq} query heads over {hkv} kv heads")
     if out.dtype != np.float32 or out.shape != (n, hq * d) or not out.flags.c_contiguous:
         raise ValueError(f"attn_prefill: out must be C-contiguous float32 {(n, hq * d)}")
+
+
+def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float) -> None:
+    """out (n, hq * d) f32 = attention of q (n, hq, d) f32 at positions first..first+n-1 over the
+    cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none."""
+    _check(q, K, V, out)
+    n, hq, d = q.shape
+    slots, hkv = K.shape[0], K.shape[1]
     if not 0 <= lo <= first or first + n - lo > slots:
         raise ValueError(f"attn_prefill: keys {lo}..{first + n - 1} do not fit a ring of {slots} slots")
     qscale = np.float32(scale * math.log2(math.e))  # the kernel takes exp2
     _fn(d)(((n + BQ - 1) // BQ, hq), (128,),
            (q, K, V, out, np.int32(n), np.int32(hq), np.int32(hkv), np.int32(slots), np.int32(first),
-            np.int32(lo), np.int32(window), qscale), shared_mem=smem_bytes(d))
+            np.int32(lo), np.int32(window), qscale, np.uint64(0), np.int32(0), np.uint64(0)), shared_mem=smem_bytes(d))
+
+
+def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: int, scale: float) -> None:
+    """out (n, hq * d) f32 = attention of one sequence's queries q (n, hq, d) f32 over its keys
+    through `table` (int32 block ids; K, V: (blocks * block_size, hkv, d) f16), with first and the
+    number of real queries read from the device: dims (int32) = [first, count]. Rows from count
+    to n are zeros. A captured graph replays it for other prompts; the caller keeps count <= n
+    and first + count <= len(table) * block_size (the host cannot check values on the device)."""
+    _check(q, K, V, out)
+    n, hq, d = q.shape
+    if table.dtype != np.int32 or table.ndim != 1 or not table.flags.c_contiguous:
+        raise ValueError(f"attn_prefill_paged: table must be a C-contiguous int32 vector, got {table.dtype} {table.shape}")
+    if dims.dtype != np.int32 or dims.size < 2:
+        raise ValueError(f"attn_prefill_paged: dims must be int32 [first, count], got {dims.dtype} {dims.shape}")
+    if block_size < 1 or K.shape[0] % block_size:
+        raise ValueError(f"attn_prefill_paged: {K.shape[0]} slots are not whole blocks of {block_size}")
+    qscale = np.float32(scale * math.log2(math.e))
+    _fn(d, True)(((n + BQ - 1) // BQ, hq), (128,),
+                 (q, K, V, out, np.int32(n), np.int32(hq), np.int32(K.shape[1]), np.int32(K.shape[0]), np.int32(0),
+                  np.int32(0), np.int32(window), qscale, table, np.int32(block_size), dims), shared_mem=smem_bytes(d))
