@@ -64,6 +64,12 @@ class Batch:
         return Batch(self.ids, self.positions, self.slots, np.arange(n + 1, dtype=np.int32),
                      (self.positions + 1).astype(np.int32), self.block_tables[seq_of], self.block_size)
 
+    def chunk(self, a: int, b: int) -> Batch:
+        """Tokens a..b-1 of a one-sequence batch as a batch of their own: a long prompt in pieces,
+        each after the keys the pieces before it wrote."""
+        return Batch(self.ids[a:b], self.positions[a:b], self.slots[a:b], np.array([0, b - a], np.int32),
+                     np.array([self.positions[b - 1] + 1], np.int32), self.block_tables, self.block_size)
+
     @property
     def n_seqs(self) -> int:
         return len(self.ctx_lens)

@@ -16,7 +16,7 @@ import numpy as np
 from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
-from minferd.backend.cuda_graph import BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
+from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
 from minferd.kernels import mmq_small, module, tcgemv
@@ -279,8 +279,8 @@ class CudaBackend(CudaMatmuls, Backend):
     # ---- decode as a graph, sampling on the device ----------------------------------------------
     def run(self, model, batch, cache: KVCache):
         """A step of up to graph_rows tokens replays a decode graph, prefill chunks included (each
-        token a row: Batch.as_rows); one sequence's prefill of up to PREFILL_BUCKETS[-1] tokens a
-        prefill graph. Eagerly, such a pass is ~400 launches from Python, 20-40 ms whatever its
+        token a row: Batch.as_rows); one sequence's prefill a prefill graph (past its largest
+        bucket, in pieces). Eagerly, such a pass is ~400 launches from Python, 20-40 ms whatever its
         size (a prefix-cache hit's few tokens, a short prompt)."""
         n = len(batch.ids)
         if batch.is_decode:
@@ -289,18 +289,23 @@ class CudaBackend(CudaMatmuls, Backend):
             logits = self.decode(model, batch.as_rows(), cache)
             with self.stream:
                 return logits[cp.asarray(batch.last_rows().astype(np.int64))]
+        if batch.n_seqs > 1 or not getattr(model, "graph_safe", True) \
+                or model.spec.head_dim not in cuda_attention.PREFILL_HEAD_DIMS:
+            return super().run(model, batch, cache)
+        top = PREFILL_BUCKETS[-1]
+        if n > top:  # pieces of the largest bucket (0.5B, 2048 tokens: 49.9 ms eager, 2 x 12.8 so)
+            for a in range(0, n, top):
+                logits = self.run(model, batch.chunk(a, min(n, a + top)), cache)
+            return logits
         bucket = prefill_bucket(n)
-        if batch.n_seqs == 1 and bucket and getattr(model, "graph_safe", True) \
-                and model.spec.head_dim in cuda_attention.PREFILL_HEAD_DIMS:
-            key = (id(cache), "prefill", bucket, batch.block_tables.shape[1])
-            g = self.graphs.get(key)
-            if g is None:
-                if self._prefill_pool is None:
-                    self._prefill_pool = self.arena.graph_pool()
-                g = self.graphs[key] = PrefillGraph(self, model, cache, bucket, batch.block_tables.shape[1],
-                                                    self._prefill_pool)
-            return g.run(batch)
-        return super().run(model, batch, cache)
+        key = (id(cache), "prefill", bucket, batch.block_tables.shape[1])
+        g = self.graphs.get(key)
+        if g is None:
+            if self._prefill_pool is None:
+                self._prefill_pool = self.arena.graph_pool()
+            g = self.graphs[key] = PrefillGraph(self, model, cache, bucket, batch.block_tables.shape[1],
+                                                self._prefill_pool)
+        return g.run(batch)
 
     def decode(self, model, batch, cache: KVCache):
         """Logits (B, vocab) of a decode batch through the graph of its size bucket (captured on

@@ -272,6 +272,34 @@ def test_a_step_as_rows_gives_the_mixed_steps_logits(synth_model):
     assert np.abs(outs[0] - outs[1]).max() <= 1e-4 * np.abs(outs[0]).max()
 
 
+def test_a_prompt_in_chunks_gives_the_whole_passs_logits(synth_model):
+    """Batch.chunk (how the CUDA backend runs a prompt past its largest prefill graph): the pieces
+    one after another give the whole pass's last-token logits and its keys."""
+    from minferd.backend.batch import Batch
+    from minferd.model.loader import load_local
+    lm = load_local(str(synth_model("qwen2")), "mmq", device="cpu", ctx=256)
+    m = lm.model
+    ids = np.random.default_rng(2).integers(0, 500, 150).tolist()
+    table = [5, 0, 3, 6, 1]
+    whole = Batch.build([(ids[10:], 10, table)], 32)
+    outs, keys = [], []
+    for how in ("whole", "chunks"):
+        cache = m.new_cache(m.be.untracked(), 8 * 32)
+        m.forward_batch(Batch.build([(ids[:10], 0, table)], 32), cache)
+        if how == "whole":
+            out = m.forward_batch(whole, cache)
+        else:
+            parts = [whole.chunk(a, min(140, a + 64)) for a in range(0, 140, 64)]
+            assert [len(p.ids) for p in parts] == [64, 64, 12] and parts[1].positions[0] == 74
+            assert parts[1].ctx_lens.tolist() == [138] and parts[2].ctx_lens.tolist() == [150]
+            for p in parts:
+                out = m.forward_batch(p, cache)
+        outs.append(np.asarray(out))
+        keys.append(np.asarray(cache.k[1][whole.slots]).copy())
+    assert np.abs(outs[0] - outs[1]).max() <= 1e-4 * np.abs(outs[0]).max()
+    assert np.abs(keys[0] - keys[1]).max() <= 1e-4 * np.abs(keys[0]).max()
+
+
 def test_a_decode_batch_is_built_as_the_general_path_builds_it():
     """Batch.build's decode fast path (one token per sequence) against the general path's arrays
     for the same step: the first sequence given a second token takes the general path."""
