@@ -20,6 +20,9 @@
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); GRAPH_ROWS_AB="64 256" repeats each
 #            model once per MINFERD_GRAPH_ROWS
+#   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M) pp2048 / tg128 per plan (bench.py)
+#            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
+#            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB")
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -173,6 +176,21 @@ if [ "$stage" = latency ]; then
       with=""  # llama.cpp's columns once a model
     done
   done
+fi
+if [ "$stage" = moe ]; then
+  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-200}; fi
+  synth_moe() { [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m \
+    --random-blocks /tmp/q30b.gguf; }
+  synth_moe
+  for b in ${BUDGETS:-80GiB 19GiB}; do
+    python3 -m minferd.cli plan /tmp/q30b.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
+  done
+  wait $build; built=$?
+  timeout 300 python3 bench/bench.py /tmp/q30b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512,2048 -n 128 -r 3 \
+    --json "$OUT/moe-bench.json" 2>&1 | tee "$OUT/moe-bench.log" | tail -12
+  [ $built = 0 ] && /tmp/llama/build/bin/llama-bench -m /tmp/q30b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
+    2>&1 | tee "$OUT/llama-bench.log" | tail -8
 fi
 if [ "$stage" = serve ]; then
   # The build runs while the tests do; the benches wait for it (the daemon's compute threads run

@@ -33,7 +33,8 @@ def model_dict(m) -> dict:
             "last_used_unix": m.last_used_unix, "loaded_unix": m.loaded_unix, "requests": m.requests,
             "tokens_generated": m.tokens_generated, "shared_with": list(m.shared_with), "busy": m.busy,
             "waiting_for_w16": m.waiting_for_w16, "device": m.device,
-            "engine": {f.name: getattr(m.engine, f.name) for f in m.engine.DESCRIPTOR.fields}}
+            "engine": {f.name: getattr(m.engine, f.name) for f in m.engine.DESCRIPTOR.fields},
+            "classes": [{f.name: getattr(c, f.name) for f in c.DESCRIPTOR.fields} for c in m.classes]}
 
 
 def available_dict(m) -> dict:

@@ -94,6 +94,9 @@ def status_table(st: dict, now: float | None = None) -> str:
     waiting = [m["name"] for m in st["models"] if plan_text(m).endswith("^")]
     if waiting:
         lines.append("^ quantized until its f16 copy fits: " + ", ".join(waiting))
+    for m in st["models"]:  # a mixture of experts: which of its classes hold an f16 copy
+        if m.get("classes"):
+            lines.append(f"{m['name']} f16 copy: " + "; ".join(class_text(c) for c in m["classes"]))
     groups = {tuple(sorted([m["name"], *m["shared_with"]])) for m in st["models"] if m["shared_with"]}
     if groups:  # one copy of the weights: a column sum would count it twice
         lines.append("shared weights: " + "; ".join(" + ".join(g) for g in sorted(groups)))
@@ -103,6 +106,11 @@ def status_table(st: dict, now: float | None = None) -> str:
     if st["events"]:
         lines.append("recent: " + "; ".join(st["events"][-3:]))
     return "\n".join(lines)
+
+
+def class_text(c: dict) -> str:
+    held = f"copied ({human_bytes(c['f16_copy_bytes'])})" if c["f16_copy_bytes"] else "quantized"
+    return f"{c['name']} {human_bytes(c['quantized_bytes'])} {held}" + (f", {c['note']}" if c.get("note") else "")
 
 
 def footprint_text(m: dict) -> str:

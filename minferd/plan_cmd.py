@@ -13,7 +13,7 @@ from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.pool.estimator import estimate
 from minferd.config import DEFAULT_PARALLEL, W16_MIN_BYTES
 from minferd.host_load import LoadOptions
-from minferd.model.arch.llama import EXPERTS
+from minferd.report import tensor_classes
 from minferd.pool.planner import plan
 from minferd.units import fmt_bytes
 
@@ -50,13 +50,13 @@ def dry_run(model: str, device: str = "cpu", ctx: int | None = None, budget: str
 
 
 def _classes(mf, p) -> dict | None:
-    """An MoE's weights by tensor class and which hold an f16 copy (the experts never do so far:
-    a decode token reads only a few of them, and nothing runs them from a copy yet)."""
-    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
-    if not experts:
+    """report.tensor_classes by name (the experts never hold a copy so far)."""
+    got = tensor_classes(mf, p.bytes["w16"])
+    if not got:
         return None
-    return {"dense": {"quantized_bytes": mf.matmul_bytes(), "f16_copy_bytes": p.bytes["w16"]},
-            "experts": {"quantized_bytes": experts, "f16_copy_bytes": 0,
+    d, e = got
+    return {"dense": {k: d[k] for k in ("quantized_bytes", "f16_copy_bytes")},
+            "experts": {"quantized_bytes": e["quantized_bytes"], "f16_copy_bytes": 0,
                         "used_per_token": f"{mf.spec.n_expert_used} of {mf.spec.n_expert}"}}
 
 

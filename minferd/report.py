@@ -6,6 +6,7 @@ import time
 
 from minferd.devices import MatmulPath
 from minferd.loaded import LoadedModel
+from minferd.model.arch.llama import EXPERTS
 from minferd.pool.ledger import LedgerView
 
 
@@ -52,7 +53,19 @@ def model_info(lm: LoadedModel, traits, snap: LedgerView, device: str = "") -> d
             "loaded_unix": lm.loaded_at, "requests": lm.requests, "tokens_generated": lm.tokens,
             "shared_with": [u.name for u in ws.users if u is not lm], "busy": lm.busy,
             "waiting_for_w16": ws.waiting_for_w16(), "weight_set": ws.id, "engine": engine_info(lm),
-            "device": device}
+            "device": device, "classes": tensor_classes(ws.file, nbytes["w16"])}
+
+
+def tensor_classes(mf, w16_bytes: int) -> list[dict]:
+    """A mixture of experts' weights by class, and the f16 copy each holds (w16_bytes: the model's
+    copy, which covers the dense class only: a decode token reads a few experts, and nothing runs
+    them from a copy yet). Empty for a dense model."""
+    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
+    if not experts:
+        return []
+    return [{"name": "dense", "quantized_bytes": mf.matmul_bytes(), "f16_copy_bytes": w16_bytes, "note": ""},
+            {"name": "experts", "quantized_bytes": experts, "f16_copy_bytes": 0,
+             "note": f"{mf.spec.n_expert_used} of {mf.spec.n_expert} run per token"}]
 
 
 def engine_info(lm: LoadedModel) -> dict:

@@ -82,8 +82,9 @@ def _edge(method):
 
 
 def model_info(d: dict) -> pb2.ModelInfo:
-    return pb2.ModelInfo(**{k: v for k, v in d.items() if k not in ("bytes", "engine")}, bytes=pb2.ByKind(**d["bytes"]),
-                         engine=pb2.EngineInfo(**d["engine"]))
+    return pb2.ModelInfo(**{k: v for k, v in d.items() if k not in ("bytes", "engine", "classes")},
+                         bytes=pb2.ByKind(**d["bytes"]), engine=pb2.EngineInfo(**d["engine"]),
+                         classes=[pb2.TensorClass(**c) for c in d["classes"]])
 
 
 def sampling(p: pb2.SamplingParams) -> SamplingParams:

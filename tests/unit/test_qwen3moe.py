@@ -105,3 +105,36 @@ def test_cuda_plans_it(synth_model):
     res = dry_run(str(synth_model("qwen3moe", "q8_0")), "cuda", ctx=256, budget="80GiB", matmul_path="w16")
     assert res["fits"] and res["architecture"] == "qwen3moe"
     assert res["classes"]["dense"]["f16_copy_bytes"] > 0 and res["classes"]["experts"]["f16_copy_bytes"] == 0
+
+
+def test_status_shows_which_classes_hold_a_copy(synth_model):
+    """GetStatus's ModelInfo.classes and minferctl status: the dense class's copy while the model
+    holds one (W16), none after a demotion; the experts always quantized."""
+    from minferd.client import model_dict
+    from minferd.ctl_text import status_table
+    from minferd.devices import MatmulPath
+    from minferd.host import LoadOptions
+    from minferd.server import model_info
+    path = synth_model("qwen3moe", "q4_k")
+    h = Host(lambda **kw: CpuBackend(threads=1, **kw), HostMemory(), cpu_traits(1), 1 << 30, device="cpu:0")
+    try:
+        h.load("moe", str(path), LoadOptions(ctx=256, matmul_path=MatmulPath.W16))
+        h.load("dense", str(synth_model("qwen2")), LoadOptions(ctx=256))
+        mf = h.get("moe").ws.file
+        experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
+        info = model_dict(model_info(h.model_info(h.get("moe"))))  # through the proto, as a client reads it
+        dense_c, experts_c = info["classes"]
+        assert dense_c["name"] == "dense" and dense_c["f16_copy_bytes"] == info["bytes"]["w16"] > 0
+        assert dense_c["quantized_bytes"] == mf.matmul_bytes()
+        assert experts_c == {"name": "experts", "quantized_bytes": experts, "f16_copy_bytes": 0,
+                             "note": "2 of 8 run per token"}
+        assert model_dict(model_info(h.model_info(h.get("dense"))))["classes"] == []
+        st = {"pool": {"device": "cpu:0", "capacity_bytes": 1, "used_bytes": 0, "reserved_bytes": 0, "free_bytes": 1},
+              "models": [info], "events": []}
+        line = next(x for x in status_table(st).splitlines() if x.startswith("moe f16 copy:"))
+        assert "dense" in line and "copied" in line and "experts" in line and "quantized, 2 of 8 run per token" in line
+        h.demote("moe")
+        after = h.model_info(h.get("moe"))["classes"]
+        assert after[0]["f16_copy_bytes"] == 0 and after[1]["f16_copy_bytes"] == 0
+    finally:
+        h.unload_all()

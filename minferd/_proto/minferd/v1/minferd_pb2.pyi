@@ -172,7 +172,7 @@ class ByKind(_message.Message):
     def __init__(self, weights: _Optional[int] = ..., w16: _Optional[int] = ..., kv: _Optional[int] = ..., scratch: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set", "engine", "device")
+    __slots__ = ("name", "path", "architecture", "type_mix", "matmul_path", "reason", "planned_matmul_path", "bytes", "ctx", "pinned", "keep_alive_seconds", "keep_alive_left_seconds", "last_used_unix", "loaded_unix", "requests", "tokens_generated", "shared_with", "busy", "waiting_for_w16", "weight_set", "engine", "device", "classes")
     class TypeMixEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,7 @@ class ModelInfo(_message.Message):
     WEIGHT_SET_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     architecture: str
@@ -224,7 +225,20 @@ class ModelInfo(_message.Message):
     weight_set: str
     engine: EngineInfo
     device: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ..., device: _Optional[str] = ...) -> None: ...
+    classes: _containers.RepeatedCompositeFieldContainer[TensorClass]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., architecture: _Optional[str] = ..., type_mix: _Optional[_Mapping[str, int]] = ..., matmul_path: _Optional[str] = ..., reason: _Optional[str] = ..., planned_matmul_path: _Optional[str] = ..., bytes: _Optional[_Union[ByKind, _Mapping]] = ..., ctx: _Optional[int] = ..., pinned: _Optional[bool] = ..., keep_alive_seconds: _Optional[float] = ..., keep_alive_left_seconds: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., loaded_unix: _Optional[float] = ..., requests: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., shared_with: _Optional[_Iterable[str]] = ..., busy: _Optional[bool] = ..., waiting_for_w16: _Optional[bool] = ..., weight_set: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ..., device: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[TensorClass, _Mapping]]] = ...) -> None: ...
+
+class TensorClass(_message.Message):
+    __slots__ = ("name", "quantized_bytes", "f16_copy_bytes", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    F16_COPY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    quantized_bytes: int
+    f16_copy_bytes: int
+    note: str
+    def __init__(self, name: _Optional[str] = ..., quantized_bytes: _Optional[int] = ..., f16_copy_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("running", "waiting", "blocks_total", "blocks_used", "blocks_cached", "blocks_free", "block_size", "kv_tokens")
