@@ -61,7 +61,9 @@ cuda_tests() {
   local par=() xd=""
   for f in tests/cuda/test_*.py; do case " $SERIAL " in *" $f "*) ;; *) par+=("$f");; esac; done
   python3 -c "import xdist" 2>/dev/null && xd="-n 8"
-  { timeout -s INT $(($1 * 2 / 3)) python3 -m pytest $args $xd "${par[@]}"
+  # -v: each result on its own line, so a run cut short by its timeout still names its failures
+  # (s11: xdist's INTERNALERROR on the interrupt printed no summary).
+  { timeout -s INT $(($1 * 2 / 3)) python3 -m pytest $args ${xd:+-v} $xd "${par[@]}"
     timeout -s INT $(($1 / 3)) python3 -m pytest $args $SERIAL; } \
     2>&1 | tee "$OUT/cuda.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -25
 }
