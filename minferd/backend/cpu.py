@@ -149,9 +149,6 @@ class CpuBackend(Backend):
                     arena.put(buf)
 
         blocks = self._row_blocks(w, first, end)
-        # One block, or one thread: on this thread. A hand-off to the pool and back costs ~0.15 ms,
-        # more than a small model's product (a 2-layer model's token: 4.1 ms, 15 hand-offs).
-        pooled = pooled and len(blocks) > 1 and self.threads > 1
         list(self._pool.map(block, blocks) if pooled else map(block, blocks))
         return y
 
