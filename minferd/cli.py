@@ -135,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("synth", help="write a synthetic GGUF model")
     p.add_argument("out")
-    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"])
+    p.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss"])
     p.add_argument("--from", dest="source", default=None, help="cut a real model down instead (with --layers, --vocab)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=None)

@@ -13,7 +13,7 @@ TABLE_TYPES = ("iq4_nl", "iq4_xs", "mxfp4")
 TABLE_ARCHS = ("llama", "qwen2")
 # Mixture-of-experts architectures: CPU only so far, in a few types (their experts dequantize
 # through the same code as dense weights, which every type above covers).
-MOE_ARCHS = ("qwen3moe", "gpt-oss")
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss")
 MOE_TYPES = ("f16", "q8_0", "q4_k")
 
 

@@ -225,16 +225,22 @@ class Backend(ABC):
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
             residual=None, router_bias: Weight | None = None, exps_bias: tuple | None = None,
-            oai_glu: tuple[float, float] | None = None):
+            oai_glu: tuple[float, float] | None = None, norm_topk: bool = True):
         """A mixture-of-experts SwiGLU MLP on x (n, hidden), plus the residual: each token's top-k
         experts by softmax(x @ router + router_bias), their weights renormalized to sum 1 (the
         softmax of the k logits alone), and the sum of those experts' down(silu(gate x) * up x),
         weighted. The *_exps weights stack the experts on their third axis. gpt-oss adds
         exps_bias, (gate, up, down) biases of shape (rows, n_expert), and in place of SwiGLU
-        swiglu_oai with oai_glu = (alpha, limit). Here expert by expert through this backend's
-        own ops (backend/moe.py); the CPU backend has its own."""
+        swiglu_oai with oai_glu = (alpha, limit). norm_topk False (qwen2moe): the top k keep
+        their softmax-over-all weights. Here expert by expert through this backend's own ops
+        (backend/moe.py); the CPU backend has its own."""
         from minferd.backend.moe import by_expert
-        return by_expert(self, x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu)
+        return by_expert(self, x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu,
+                         norm_topk)
+
+    def sigmoid_dot(self, x, v: Weight):
+        """sigmoid(x . v) (n, 1) f32 for x (n, K) and a vector v (K,): qwen2moe's shared-expert gate."""
+        raise NotImplementedError(f"the {self.name} backend has no sigmoid_dot")
 
     # ---- what backend/moe.py's expert-by-expert MLP needs besides the ops above -----------------
     def take_rows(self, x, rows: np.ndarray):

@@ -153,10 +153,10 @@ class CpuBackend(Backend):
         return y
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-            residual=None, router_bias=None, exps_bias=None, oai_glu=None):
+            residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk=True):
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
-        top, p = moe.route(self.matmul(x, router, router_bias), k)
+        top, p = moe.route(self.matmul(x, router, router_bias), k, norm_topk)
         out = self.residual_out(residual, (n, down_exps.shape[1]))
         # Tokens grouped by expert: each chosen expert's rows are dequantized once for the pass.
         order, bounds = moe.groups(top, router.n_rows)
@@ -186,6 +186,10 @@ class CpuBackend(Backend):
 
     def take_rows(self, x, rows):
         return np.ascontiguousarray(x[rows], dtype=np.float32)
+
+    def sigmoid_dot(self, x, v: Weight):
+        z = np.asarray(x, np.float32) @ v.data[:, None]
+        return (1.0 / (1.0 + np.exp(-z))).astype(np.float32)
 
     def add_rows(self, out, rows, y, weights) -> None:
         out[rows] += weights[:, None] * y

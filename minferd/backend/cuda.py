@@ -180,6 +180,10 @@ class CudaBackend(CudaMatmuls, Backend):
     def take_rows(self, x, rows):
         return cp.ascontiguousarray(x[cp.asarray(rows)], dtype=cp.float32)
 
+    def sigmoid_dot(self, x, v: Weight):
+        z = cp.ascontiguousarray(x, dtype=cp.float32) @ v.data[:, None]
+        return (1.0 / (1.0 + cp.exp(-z))).astype(cp.float32)
+
     def add_rows(self, out, rows, y, weights) -> None:
         out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y  # rows distinct
 

@@ -18,12 +18,17 @@ import numpy as np
 from minferd.backend.base import Weight
 
 
-def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """logits (n, n_expert) f32 -> (top (n, k) expert ids, unordered; weights (n, k) summing to 1)."""
+def route(logits: np.ndarray, k: int, norm: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """logits (n, n_expert) f32 -> (top (n, k) expert ids, unordered; their weights (n, k)): the
+    softmax over all experts at the top k, renormalized to sum 1 where norm (qwen3moe, gpt-oss),
+    as they are where not (qwen2moe: llama.cpp's norm_w false)."""
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
     chosen = np.take_along_axis(logits, top, axis=1)
-    p = np.exp(chosen - chosen.max(axis=1, keepdims=True))
-    return top, p / p.sum(axis=1, keepdims=True)
+    top_max = chosen.max(axis=1, keepdims=True)  # the row's maximum: a top-k logit
+    p = np.exp(chosen - top_max)
+    if norm:
+        return top, p / p.sum(axis=1, keepdims=True)
+    return top, p / np.exp(logits - top_max).sum(axis=1, keepdims=True)
 
 
 def groups(top: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,11 +47,11 @@ def expert(w: Weight, e: int) -> Weight:
 
 
 def by_expert(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-              residual=None, router_bias=None, exps_bias=None, oai_glu=None):
+              residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk=True):
     """Backend.moe's contract through be's matmul, swiglu (or swiglu_oai), take_rows, add_rows
     and bias_row."""
     n = x.shape[0]
-    top, p = route(be.to_host(be.matmul(x, router, router_bias)), k)
+    top, p = route(be.to_host(be.matmul(x, router, router_bias)), k, norm_topk)
     order, bounds = groups(top, router.n_rows)
     weights = p.ravel()
     out = be.residual_out(residual, (n, down_exps.shape[1]))

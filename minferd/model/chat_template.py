@@ -54,7 +54,7 @@ LLAMA3 = """{{ bos_token }}
 # (template, a token it needs in the vocabulary)
 _DEFAULTS = {"gemma": (GEMMA, "<start_of_turn>"), "chatml": (CHATML, "<|im_start|>"),
              "llama3": (LLAMA3, "<|start_header_id|>")}
-_BY_ARCH = {"gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "llama": "llama3"}
+_BY_ARCH = {"gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "qwen2moe": "chatml", "llama": "llama3"}
 
 
 def default_template(architecture: str, has_token) -> str:

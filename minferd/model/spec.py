@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from minferd.errors import ModelFileError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
 # llama.cpp's rope type per architecture: NORM rotates adjacent pairs, NEOX the two halves.
 ROPE_TYPE = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen3moe": "neox",
-             "gpt-oss": "neox"}
+             "qwen2moe": "neox", "gpt-oss": "neox"}
 # Gemma 3: five sliding-window layers, then one global layer; local layers use base 10k.
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
@@ -19,7 +19,7 @@ SWA_PERIOD = {"gemma3": GEMMA3_SWA_PERIOD, "gpt-oss": 2}
 MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_CTX = 1024, 1 << 17, 1024, 1 << 24
 MAX_FFN = 1 << 20
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
-MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
+MOE_ARCHITECTURES = ("qwen3moe", "qwen2moe", "gpt-oss")
 # YaRN rope scaling: only where the forward pass passes it to rope (the CUDA rope lacks it so far).
 YARN_ARCHITECTURES = ("gpt-oss",)
 
@@ -69,6 +69,7 @@ class ModelSpec:
     n_expert: int = 0  # MoE: experts per layer (0 = a dense MLP)
     n_expert_used: int = 0  # experts each token is routed to
     expert_ffn: int = 0  # one expert's hidden width
+    shared_ffn: int = 0  # qwen2moe: the shared expert's hidden width
     yarn: Yarn | None = None  # YaRN rope scaling (rope_scale is then its interpolation)
 
     @property
@@ -162,6 +163,10 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
         default = None if arch == "gpt-oss" else max(1, ffn // n_used)
         expert_ffn = _check_range(path, a + "expert_feed_forward_length", _get(
             md, path, a + "expert_feed_forward_length", default), 1, MAX_FFN)
+    shared_ffn = 0
+    if arch == "qwen2moe":  # the shared expert's width; llama.cpp's default: the dense width
+        shared_ffn = _check_range(path, a + "expert_shared_feed_forward_length", _get(
+            md, path, a + "expert_shared_feed_forward_length", ffn), 1, MAX_FFN)
     # Through _get: a string vocab_size was a ValueError from int() below, not a ModelFileError.
     if md.get(a + "vocab_size") is not None:
         n_vocab = _check_range(path, a + "vocab_size", _get(md, path, a + "vocab_size"), 1, 1 << 31)
@@ -174,10 +179,10 @@ def spec_from_metadata(md: dict, path, tensor_names=(), n_vocab: int | None = No
         rope_type=ROPE_TYPE[arch], rope_base=rope_base, rope_base_swa=rope_base_swa,
         rope_scale=scale, sliding_window=window, swa_layers=swa,
         tied_embeddings="output.weight" not in tensor_names,
-        qkv_bias=arch in ("qwen2", "gpt-oss"), qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
+        qkv_bias=arch in ("qwen2", "qwen2moe", "gpt-oss"), qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         embed_scale=math.sqrt(hidden) if arch == "gemma3" else 1.0,
         attn_scale=1.0 / math.sqrt(head_dim),
-        n_expert=n_expert, n_expert_used=n_used, expert_ffn=expert_ffn, yarn=yarn,
+        n_expert=n_expert, n_expert_used=n_used, expert_ffn=expert_ffn, shared_ffn=shared_ffn, yarn=yarn,
     )
 
 

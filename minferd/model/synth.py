@@ -42,6 +42,7 @@ class Preset:
     experts_used: int = 0
     expert_ffn: int = 0
     experts_type: str = ""  # the experts' type whatever the quant asked ("": the quant's)
+    shared_ffn: int = 0  # qwen2moe: the shared expert's width
     yarn: tuple = ()  # YaRN rope scaling: (factor, original context)
 
 
@@ -53,6 +54,7 @@ PRESETS: dict[tuple[str, str], Preset] = {
     # Six layers so that the tiny Gemma has five sliding-window layers and one global one.
     ("gemma3", "tiny"): replace(_TINY, layers=GEMMA3_SWA_PERIOD, kv_heads=1, window=16),
     ("qwen3moe", "tiny"): replace(_TINY, tied=False, experts=8, experts_used=2, expert_ffn=128),
+    ("qwen2moe", "tiny"): replace(_TINY, tied=False, experts=8, experts_used=2, expert_ffn=128, shared_ffn=256),
     # Two layers: a sliding-window one, then a full one. q_dim (256) differs from hidden, as in the real ones.
     # Four experts a token (as the real ones): a near-tied route then moves a token's output less.
     ("gpt-oss", "tiny"): replace(_TINY, hidden=192, layers=2, ffn=128, rope_base=150000.0, eps=1e-5, tied=False,
@@ -72,7 +74,7 @@ PRESETS: dict[tuple[str, str], Preset] = {
                                experts_type="MXFP4", yarn=(32.0, 4096)),
 }
 VOCAB_KIND = {"llama": "gpt2", "qwen2": "gpt2", "qwen3": "gpt2", "gemma3": "llama", "qwen3moe": "gpt2",
-              "gpt-oss": "gpt2"}
+              "qwen2moe": "gpt2", "gpt-oss": "gpt2"}
 # llama.cpp's fallbacks when a row is not a whole number of 256-element super-blocks
 # (llama-quant.cpp; since IQ4_NL exists it gives Q2_K/Q3_K IQ4_NL too, Q4_0 here keeps those
 # files loadable on the CUDA backend, which has no IQ4_NL kernels).
@@ -116,6 +118,8 @@ def _metadata(arch: str, p: Preset, name: str) -> dict:
     if p.experts:
         md.update({a + "expert_count": p.experts, a + "expert_used_count": p.experts_used,
                    a + "expert_feed_forward_length": p.expert_ffn})
+    if p.shared_ffn:
+        md[a + "expert_shared_feed_forward_length"] = p.shared_ffn
     if p.yarn:
         md.update({a + "rope.scaling.type": "yarn", a + "rope.scaling.factor": p.yarn[0],
                    a + "rope.scaling.original_context_length": p.yarn[1]})
@@ -127,6 +131,8 @@ def _vector(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_normal(n).astype(np.float32)
     if name.endswith(".bias"):
         return (rng.standard_normal(n) * 0.1).astype(np.float32)
+    if name.endswith("ffn_gate_inp_shexp.weight"):  # a row of a matmul (the shared expert's gate)
+        return (rng.standard_normal(n) / np.sqrt(n)).astype(np.float32)
     return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)  # norm weights near 1
 
 

@@ -1,4 +1,4 @@
-"""qwen3moe on the CUDA backend against the CPU backend: the MoE MLP runs expert by expert
+"""qwen3moe and qwen2moe on the CUDA backend against the CPU backend: the MoE MLP runs expert by expert
 (backend/moe.py) through the CUDA matmuls, each expert's tokens a batch of its own, so the
 prefill passes cover the mat-vec kernels (<= 8 tokens an expert) and the prefill kernels alike;
 batched decode steps run eagerly (the routing reads the router's logits on the host)."""
@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("cupy")  # without a device, conftest marks every test here skipped
 
 from minferd.backend.batch import Batch  # noqa: E402
+from minferd.model.arch import MODELS  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
@@ -17,9 +18,11 @@ from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 
 @pytest.mark.parametrize("matmul_path,kernel", PATH_KERNELS)
 @pytest.mark.parametrize("quant", MOE_TYPES)
-def test_tiny_qwen3moe_matches_cpu(synth_model, quant, matmul_path, kernel):
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_tiny_moe_matches_cpu(synth_model, arch, quant, matmul_path, kernel, monkeypatch):
+    monkeypatch.setattr(MODELS[arch], "backends", ("cpu", "cuda"))  # qwen2moe: refused on CUDA until this passes
     # 64 tokens, 2 of 8 experts each: ~16 tokens an expert, some above the mat-vec limit, some under.
-    err, agree = teacher_forced(synth_model("qwen3moe", quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
+    err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
     # Where every dense matmul rounds x to int8 in q8_1 blocks of 32 (the CPU's Q4_K products use
     # q8_K blocks of 256), a router's near-tie picks another expert for a token now and then: on
     # the H200 q4_k's relative error was 0.046-0.059 on those paths, top-1 agreement 0.984 (the

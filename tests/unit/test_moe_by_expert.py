@@ -13,7 +13,8 @@ from minferd.model.generate import prefill
 from minferd.model.loader import load_local
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k"), ("qwen3moe", "q8_0"), ("gpt-oss", "q8_0")])
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k"), ("qwen3moe", "q8_0"), ("qwen2moe", "q8_0"),
+                                       ("gpt-oss", "q8_0")])
 def test_by_expert_equals_the_cpu_backends_moe(synth_model, arch, quant, monkeypatch):
     lm = load_local(synth_model(arch, quant), threads=1)
     ids = np.random.default_rng(3).integers(0, lm.spec.n_vocab, 40)

@@ -9,8 +9,8 @@ router's biased logits, their softmax as the weights (the same numbers as qwen3m
 renormalization). Each expert is biased and gated by swiglu_oai. The norm before the MLP is
 post_attention_norm (llama.cpp's attn_post_norm); there is no ffn_norm, and no tied output.
 """
-from minferd.model.arch.llama import MATMUL, VECTOR, LlamaModel
-from minferd.model.arch.qwen3moe import expert_tensors
+from minferd.model.arch.llama import VECTOR, LlamaModel
+from minferd.model.arch.qwen3moe import expert_tensors, with_output
 
 # build_moe_ffn's constants for LLM_FFN_SWIGLU_OAI_MOE (the reference's alpha and clamp).
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -22,9 +22,7 @@ class GptOssModel(LlamaModel):
 
     @classmethod
     def expected_tensors(cls, s):
-        t = super().expected_tensors(s)
-        t["output.weight"] = ((s.hidden, s.n_vocab), MATMUL)  # llama.cpp requires it: no tied fallback
-        return t
+        return with_output(super().expected_tensors(s), s)
 
     @classmethod
     def layer_tensors(cls, s, p):

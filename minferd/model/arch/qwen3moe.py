@@ -4,7 +4,7 @@ sending each token to n_expert_used of n_expert SwiGLU experts. No shared expert
 Routing is llama.cpp's build_moe_ffn as qwen3moe calls it: softmax over all the router's
 logits, the top k kept and renormalized to sum 1 (expert_weights_norm), no further scale.
 """
-from minferd.model.arch.llama import EXPERTS, ROUTER
+from minferd.model.arch.llama import EXPERTS, MATMUL, ROUTER
 from minferd.model.arch.qwen3 import Qwen3Model
 
 
@@ -14,16 +14,26 @@ class Qwen3MoeModel(Qwen3Model):
 
     @classmethod
     def layer_tensors(cls, s, p):
-        t = super().layer_tensors(s, p)
-        for dense in ("ffn_gate", "ffn_up", "ffn_down"):
-            del t[p + dense + ".weight"]
-        return t | expert_tensors(s, p)
+        return moe_layer(super().layer_tensors(s, p), s, p)
 
     def mlp(self, p, h, residual):
         w = self.w
         return self.be.moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
                            w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"],
                            self.spec.n_expert_used, residual=residual)
+
+
+def moe_layer(t: dict, s, p: str, dense=("ffn_gate", "ffn_up", "ffn_down")) -> dict:
+    """Layer `p`'s dense tensors `t` with its MLP (the `dense` ones) swapped for the router and
+    the stacked experts (qwen2moe's and gpt-oss's too)."""
+    for name in dense:
+        del t[p + name + ".weight"]
+    return t | expert_tensors(s, p)
+
+
+def with_output(t: dict, s) -> dict:
+    """The model's tensors with an untied output: llama.cpp requires one for these MoEs."""
+    return t | {"output.weight": ((s.hidden, s.n_vocab), MATMUL)}
 
 
 def expert_tensors(s, p: str) -> dict:
