@@ -28,8 +28,8 @@ CUDA_MAX_BATCH = 2048
 # A step of at most this many tokens (any mix of prefill and decode) replays a decode graph, each
 # token a row (bench/results/s11-latency: a 128-token prompt's TTFT on the 7B 42.1 ms eager, 9.0 so).
 CUDA_GRAPH_ROWS = 256
-PREFILL_GRAPH_TOKENS = 1024
-GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it  # one sequence's prefill of up to this many tokens replays a prefill graph
+PREFILL_GRAPH_TOKENS = 1024  # one sequence's prefill of up to this many tokens replays a prefill graph
+GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's own workspace per model, set so its calls can be captured (Hopper's size)
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
