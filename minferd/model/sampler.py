@@ -99,10 +99,12 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self._rng = np.random.Generator(np.random.PCG64(params.seed))
+        self._rng = None  # made at the first draw: a greedy request never pays its ~20 us (OS entropy unseeded)
 
     def uniform(self) -> float:
         """The draw one sampled token takes (the CUDA backend samples with it on the device)."""
+        if self._rng is None:
+            self._rng = np.random.Generator(np.random.PCG64(self.params.seed))
         return self._rng.random()
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
