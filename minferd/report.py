@@ -60,9 +60,9 @@ def tensor_classes(mf, w16_bytes: int) -> list[dict]:
     """A mixture of experts' weights by class, and the f16 copy each holds (w16_bytes: the model's
     copy, which covers the dense class only: a decode token reads a few experts, and nothing runs
     them from a copy yet). Empty for a dense model."""
-    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
-    if not experts:
+    if not mf.spec.n_expert:  # a dense model (status asks per model per call: no walk of its tensors)
         return []
+    experts = sum(t.n_bytes for t, role in mf.tensors.values() if role == EXPERTS)
     return [{"name": "dense", "quantized_bytes": mf.matmul_bytes(), "f16_copy_bytes": w16_bytes, "note": ""},
             {"name": "experts", "quantized_bytes": experts, "f16_copy_bytes": 0,
              "note": f"{mf.spec.n_expert_used} of {mf.spec.n_expert} run per token"}]

@@ -62,9 +62,10 @@ class CudaBackend(CudaMatmuls, Backend):
         self.tc_config = valve("MINFERD_TCGEMV_CONFIG") or tcgemv.CONFIG
         if self.tc_config not in tcgemv.CONFIGS:
             raise ValueError(f"MINFERD_TCGEMV_CONFIG={self.tc_config!r}: not one of {', '.join(tcgemv.CONFIGS)}")
-        self.graph_rows = int(valve("MINFERD_GRAPH_ROWS") or CUDA_GRAPH_ROWS)
-        if not 1 <= self.graph_rows <= BUCKETS[-1]:
-            raise ValueError(f"MINFERD_GRAPH_ROWS={self.graph_rows}: not in 1..{BUCKETS[-1]}")
+        rows = valve("MINFERD_GRAPH_ROWS") or str(CUDA_GRAPH_ROWS)
+        if not (rows.isdigit() and 1 <= int(rows) <= BUCKETS[-1]):
+            raise ValueError(f"MINFERD_GRAPH_ROWS={rows[:40]!r}: not a whole number in 1..{BUCKETS[-1]}")
+        self.graph_rows = int(rows)
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
@@ -109,18 +110,19 @@ class CudaBackend(CudaMatmuls, Backend):
         copy): after the copy is dropped or built, every graph goes, and their memory with them
         (a new arena over the same buffer: the old one's chunks are never given back one by one).
         Called with no pass running (the host holds the model's workers)."""
-        self.graphs.clear()
-        self._prefill_pool = None
-        self._cublas_ws = None
+        self._forget_graphs()
         self._xq = self._x16 = self._xm = None
         if self.arena is not None:
             self.arena.close()  # breaks its pool's cycle: else the buffer lives until the collector runs
             self.arena = Arena(self._arena_buf)
 
-    def free_scratch(self, mem) -> None:
+    def _forget_graphs(self) -> None:
         self.graphs.clear()
         self._prefill_pool = None
         self._cublas_ws = None
+
+    def free_scratch(self, mem) -> None:
+        self._forget_graphs()
         if self.arena is not None:
             self.arena.close()
             mem.release(self._arena_buf)

@@ -21,6 +21,17 @@ def decode_bucket(n: int) -> int:
     raise ValueError(f"a decode batch of {n} sequences: past the largest bucket {BUCKETS[-1]}")
 
 
+def capture(be, forward):
+    """forward() recorded on the backend's stream as a CUDA graph: (the graph, its output)."""
+    be.stream.begin_capture()
+    try:
+        with be.capturing():
+            out = forward()
+    finally:
+        graph = be.stream.end_capture()
+    return graph, out
+
+
 class DecodeGraph:
     """One decode step of `bucket` sequences, captured once. Token ids, positions, slots, lengths
     and block tables live in one device buffer the step reads, so a replay costs one copy in
@@ -67,15 +78,8 @@ class DecodeGraph:
         return self.logits[:B]
 
     def _capture(self):
-        be = self.be
         try:
-            be.stream.begin_capture()
-            try:
-                with be.capturing():
-                    self.logits = self.model.forward_batch(self.batch, self.cache)
-            finally:
-                graph = be.stream.end_capture()
-            self.graph = graph
+            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache))
         except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
             log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)
             self.eager, self.graph, self.logits = True, None, None
@@ -139,15 +143,8 @@ class PrefillGraph:
         return self.model.forward_batch(batch, self.cache)
 
     def _capture(self) -> bool:
-        be = self.be
         try:
-            be.stream.begin_capture()
-            try:
-                with be.capturing():
-                    logits = self.model.forward_batch(self.batch, self.cache)
-            finally:
-                graph = be.stream.end_capture()
-            self.graph, self.logits = graph, logits
+            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache))
             return True
         except Exception as e:  # noqa: BLE001 - logged, and this bucket runs eagerly from now on
             log.warning("prefill graph of %d tokens not captured (%s); running it eagerly", self.bucket, e)

@@ -1,0 +1,190 @@
+// tcgemv.cu's weight decoders: each type's blocks into f16 mma fragments in registers, and
+// x's B fragments from the staged copy (tests/host/kernels_host.cpp runs them on the host).
+//
+// Fragments: A = 16 weight rows x 16 k (row-major), B = 16 k x 8 tokens. Lane (g = lane/4,
+// c = lane%4) holds rows g, g+8 at logical k {2c, 2c+1} and {2c+8, 2c+9}. A k-step may take any
+// 16 elements of a row as its logical k, so long as x's fragments take the same ones: lane c
+// takes 4 physical elements e0..e3 that lie together in the block (four nibbles or bytes of one
+// u32), (e0, e1) as logical {2c, 2c+1} and (e2, e3) as {2c+8, 2c+9} (magic_pairs puts bytes 0, 1
+// and 2, 3 of a word into f16 pairs). x is the f16 copy of the activations the cuBLAS path reads
+// too (rmsnorm and the gated activation write it), staged in shared memory: one 8-byte load of
+// e0..e3 is both of a lane's B registers (x_frag; Q4_K loads two steps' at once). Each type says which elements step k gives lane c (TcW<T>::xoff), how to
+// load a block (fetch: loads only), what to make of it once landed (prep) and how to make step k's
+// A registers (frag).
+//
+#pragma once
+#include "blocks.cuh"
+#ifndef MINFERD_HOST_TEST  // tests/host/kernels_host.cpp has host twins of these, and of the mma
+#include "mma.cuh"
+
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+  u32 r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+  u32 r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+#endif
+// 1024 in each half of an f16 pair: (1024 + b) for a byte b is exact, and b = (1024 + b) - 1024.
+constexpr u32 MAGIC_H2 = 0x64006400u;
+// Bytes 0, 1 and 2, 3 of v as the f16 pairs (1024 + byte): each byte under the mantissa of 1024.
+__device__ __forceinline__ void magic_pairs(u32 v, u32& lo, u32& hi) {
+  lo = __byte_perm(v, 0x64646464u, 0x4140);
+  hi = __byte_perm(v, 0x64646464u, 0x4342);
+}
+// Half 0 or half 1 of an f16 pair in both halves (as PTX moves, which ptxas folds into the
+// f16x2 op that reads them as an operand swizzle).
+#ifndef MINFERD_HOST_TEST
+__device__ __forceinline__ u32 bcast_lo(u32 v) {
+  u32 r;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l};}" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ u32 bcast_hi(u32 v) {
+  u32 r;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h};}" : "=r"(r) : "r"(v));
+  return r;
+}
+#else
+static inline u32 bcast_lo(u32 v) { return (v & 0xFFFFu) * 0x10001u; }
+static inline u32 bcast_hi(u32 v) { return (v >> 16) * 0x10001u; }
+#endif
+
+template <int TYPE> struct TcW;
+
+// A u32 at p, 4-aligned when A4, else 2-aligned (two u16 loads).
+template <bool A4> __device__ __forceinline__ u32 ld32(const u8* p) { return A4 ? ld32_a4(p) : ld32_a2(p); }
+
+// Q4_K, 144 B (16-aligned): d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
+// sub-block j's element i is the low (j even) or high nibble of qs[32*(j/2) + i]. Step k: sub-block
+// j = k/2, elements 8c + 4(k%2) .. +3: one u32 of the uint2 a lane loads per pair of sub-blocks.
+// The eight d*sc and -dmin*m are made in f16 pairs by prep, once the loads have landed (fetch only
+// issues them: a warp's loads for blocks ahead stay in flight); the f16 product of the exact f16 d
+// and a 6-bit integer rounds once, as the f32 product rounded to f16 does.
+template <> struct TcW<T_Q4_K> {
+  static constexpr int QK = 256, BB = 144, STEPS = 16;
+  static constexpr bool XPAIR = true;  // xoff(k + 1) = xoff(k) + 4 for even k: one 16-byte x load
+  uint4 hdr;
+  uint2 q[4];
+  u32 s[4], nm[4];  // pairs (j, j+1) for j = 0, 2, 4, 6: s = d * sc_j, nm = -dmin * m_j
+  __device__ __forceinline__ static int xoff(int k, int c) { return 32 * (k >> 1) + 8 * c + 4 * (k & 1); }
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    hdr = ld128_a16(b);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) q[p] = ld64_a8(b + 16 + 32 * p + 8 * c);
+  }
+  __device__ __forceinline__ void prep() {
+    // ggml's get_scale_min_k4: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7
+    // (mins); 4-7 from the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7.
+    const u32 sc03 = hdr.y & 0x3F3F3F3Fu, m03 = hdr.z & 0x3F3F3F3Fu;
+    const u32 sc47 = (hdr.w & M4) | ((hdr.y >> 2) & 0x30303030u), m47 = ((hdr.w >> 4) & M4) | ((hdr.z >> 2) & 0x30303030u);
+    const u32 d2 = bcast_lo(hdr.x), nd2 = bcast_hi(hdr.x) ^ 0x80008000u;  // (d, d), (-dmin, -dmin)
+    u32 lo, hi;
+    magic_pairs(sc03, lo, hi);
+    s[0] = hmul2(hsub2(lo, MAGIC_H2), d2), s[1] = hmul2(hsub2(hi, MAGIC_H2), d2);
+    magic_pairs(sc47, lo, hi);
+    s[2] = hmul2(hsub2(lo, MAGIC_H2), d2), s[3] = hmul2(hsub2(hi, MAGIC_H2), d2);
+    magic_pairs(m03, lo, hi);
+    nm[0] = hmul2(hsub2(lo, MAGIC_H2), nd2), nm[1] = hmul2(hsub2(hi, MAGIC_H2), nd2);
+    magic_pairs(m47, lo, hi);
+    nm[2] = hmul2(hsub2(lo, MAGIC_H2), nd2), nm[3] = hmul2(hsub2(hi, MAGIC_H2), nd2);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const int j = k >> 1, p = j >> 1;
+    const u32 sj = (j & 1) ? bcast_hi(s[p]) : bcast_lo(s[p]), nmj = (j & 1) ? bcast_hi(nm[p]) : bcast_lo(nm[p]);
+    const u32 w = (((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1))) & M4;
+    u32 lo, hi;
+    magic_pairs(w, lo, hi);
+    p0 = hfma2(hsub2(lo, MAGIC_H2), sj, nmj);
+    p1 = hfma2(hsub2(hi, MAGIC_H2), sj, nmj);
+  }
+};
+
+// Q6_K, 210 B (2-aligned: u16 loads only): ql[128], qh[64], 16 int8 scales (one per 16), d.
+// Element 128h + 32r + l (l < 32) is (ql[64h + 32(r&1) + l] >> 4(r>>1)) & 15 | ((qh[32h + l] >>
+// 2r) & 3) << 4, minus 32, times d * scales[8h + 2r + l/16]. Step k = (h, r, l/16): a 16-element
+// group of one scale, lane c's elements l = 16(l/16) + 4c .. +3.
+template <> struct TcW<T_Q6_K> {
+  static constexpr int QK = 256, BB = 210, STEPS = 16;
+  static constexpr bool XPAIR = false;
+  u32 ql[2][2][2], qh[2][2], sc[4];
+  u16 dh;
+  __device__ __forceinline__ static int xoff(int k, int c) {
+    return 128 * (k >> 3) + 32 * ((k >> 1) & 3) + 16 * (k & 1) + 4 * c;
+  }
+  __device__ __forceinline__ void prep() {}
+  // Every u32 lies at a multiple of 4 from the block: all are 4-aligned when the block is (even
+  // blocks of rows with an even block count), and half the loads suffice.
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    if ((reinterpret_cast<size_t>(b) & 3) == 0) load<true>(b, c);
+    else load<false>(b, c);
+  }
+  template <bool A4> __device__ __forceinline__ void load(const u8* b, int c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int is = 0; is < 2; ++is) {
+        qh[h][is] = ld32<A4>(b + 128 + 32 * h + 16 * is + 4 * c);
+#pragma unroll
+        for (int r1 = 0; r1 < 2; ++r1) ql[h][r1][is] = ld32<A4>(b + 64 * h + 32 * r1 + 16 * is + 4 * c);
+      }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i] = ld32<A4>(b + 192 + 4 * i);
+    dh = ld16(b + 208);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const int h = k >> 3, r = (k >> 1) & 3, is = k & 1, si = 8 * h + 2 * r + is;
+    const u32 lw = ql[h][r & 1][is] >> (4 * (r >> 1)), hw = qh[h][is] >> (2 * r);
+    const float sf = h2f(dh) * (float)(int)(i8)(sc[si >> 2] >> (8 * (si & 3)));
+    const u32 s = pack_h2(sf, sf);
+    const u32 off = 0x64206420u;  // 1024 + 32 in each half: (1024 + q) - 1056 = q - 32, exact
+    u32 lo, hi;
+    magic_pairs((lw & M4) | ((hw << 4) & 0x30303030u), lo, hi);
+    p0 = hmul2(hsub2(lo, off), s);
+    p1 = hmul2(hsub2(hi, off), s);
+  }
+};
+
+// Q8_0, 34 B (2-aligned): d, 32 int8. Step k (0, 1): elements 16k + 4c .. +3. q + 128 < 256 keeps
+// 1024 + q + 128 exact in f16.
+template <> struct TcW<T_Q8_0> {
+  static constexpr int QK = 32, BB = 34, STEPS = 2;
+  static constexpr bool XPAIR = false;
+  u32 q[2];
+  u16 dh;
+  __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    dh = ld16(b);
+    if ((reinterpret_cast<size_t>(b) & 3) == 2) {  // the int8s 4-aligned
+      q[0] = ld32<true>(b + 2 + 4 * c);
+      q[1] = ld32<true>(b + 18 + 4 * c);
+    } else {
+      q[0] = ld32<false>(b + 2 + 4 * c);
+      q[1] = ld32<false>(b + 18 + 4 * c);
+    }
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const u32 s = (u32)dh * 0x10001u, off = 0x64806480u;  // 1024 + 128
+    u32 lo, hi;
+    magic_pairs(q[k] ^ 0x80808080u, lo, hi);
+    p0 = hmul2(hsub2(lo, off), s);
+    p1 = hmul2(hsub2(hi, off), s);
+  }
+};
+
+// B registers of a lane from 4 consecutive f16 of x at p (8-aligned, the staged copy): (e0, e1)
+// and (e2, e3).
+__device__ __forceinline__ void x_frag(const u16* p, u32& b0, u32& b1) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  b0 = v.x;
+  b1 = v.y;
+}
