@@ -18,8 +18,8 @@
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
-#            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); GRAPH_ROWS_AB="64 256" repeats each
-#            model once per MINFERD_GRAPH_ROWS
+#            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
+#            repeats each model once per setting (any one VAR=value each)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M) pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
 #            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB")
@@ -163,18 +163,19 @@ if [ "$stage" = cold ]; then
   cp -rn /tmp/cold-a/. "$CUPY_CACHE_DIR"/  # what warmup compiled comes back with the cache
 fi
 if [ "$stage" = latency ]; then
-  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  # LLAMA=0: no llama.cpp columns (an A/B of our own settings needs no build).
+  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   for m in ${MODELS:-05b 7b 8b}; do q$m; done
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
   for m in ${MODELS:-05b 7b 8b}; do
     with=${lb:-}
-    for rows in ${GRAPH_ROWS_AB:-default}; do
-      echo "# q$m.gguf, graph rows $rows" | tee -a "$OUT/latency.log"
-      [ "$rows" = default ] && rows=""
-      MINFERD_GRAPH_ROWS=$rows timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
+    for v in ${AB:-default}; do
+      echo "# q$m.gguf, $v" | tee -a "$OUT/latency.log"
+      set_=""; tag=""; [ "$v" = default ] || { set_=$v; tag="-${v//=/}"; }
+      env $set_ timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
         --lengths ${LENGTHS:-1,16,128,512,1024,2048} \
-        --json "$OUT/latency-$m${rows:+-$rows}.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
+        --json "$OUT/latency-$m$tag.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
       with=""  # llama.cpp's columns once a model
     done
   done

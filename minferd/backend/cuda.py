@@ -19,8 +19,9 @@ from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
-from minferd.kernels import mmq_small, module, tcgemv
+from minferd.kernels import kernel, mmq_small, tcgemv
 from minferd.kernels.dequant import dequant_f16, dequant_rows
+from minferd.kernels.launch import programmatic
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
@@ -29,8 +30,8 @@ from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
 
 
-def _ops():
-    return module("ops")
+def _op(name: str):
+    return kernel("ops", name)
 
 
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
@@ -142,11 +143,14 @@ class CudaBackend(CudaMatmuls, Backend):
                 self._xq = self._x16 = self._xm = None
 
     @contextlib.contextmanager
-    def capturing(self):
-        """While a decode graph is captured: its buffers live as long as the graph (cuda_graph)."""
+    def capturing(self, rows: int):
+        """While a graph of `rows` rows is captured: its buffers live as long as the graph
+        (cuda_graph), and the project's kernels may launch as programmatic dependents of the node
+        before (kernels/launch.py)."""
         self.in_graph = True
         try:
-            yield
+            with programmatic(rows):
+                yield
         finally:
             self.in_graph = False
 
@@ -202,14 +206,14 @@ class CudaBackend(CudaMatmuls, Backend):
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            _ops().get_function("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
+            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
                                                                     np.float32(eps)) + self._xq_args(scratch, out))
             return out
         out16 = None
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
             out16 = self._new_x16(out)
         rows = x.size // d
-        _ops().get_function("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
+        _op("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
                                            (x, weight.data, out, np.int32(d), np.float32(eps),
                                             out16 if out16 is not None else np.uint64(0)))
         return out
@@ -220,7 +224,7 @@ class CudaBackend(CudaMatmuls, Backend):
         n, h, d = x.shape
         total = n * h * (d // 2)
         ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
-        _ops().get_function("rope_f32")(((total + 255) // 256,), (256,),
+        _op("rope_f32")(((total + 255) // 256,), (256,),
                                         (x, positions, np.int32(n), np.int32(h), np.int32(d), np.float32(base),
                                          np.float32(scale), np.int32(neox), ff))
         return x
@@ -229,7 +233,7 @@ class CudaBackend(CudaMatmuls, Backend):
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, row = k.shape[0], k.shape[1] * k.shape[2]
-        _ops().get_function("kv_write_f16")((((n * row) + 255) // 256,), (256,),
+        _op("kv_write_f16")((((n * row) + 255) // 256,), (256,),
                                             (k, v, cache.k[layer], cache.v[layer], batch.dev["slots"], np.int32(n),
                                              np.int32(row)))
 
@@ -241,7 +245,7 @@ class CudaBackend(CudaMatmuls, Backend):
         hkv = k.shape[1]
         total = n * (hq + hkv) * (d // 2)
         ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
-        _ops().get_function("rope_kv")(((total + 255) // 256,), (256,),
+        _op("rope_kv")(((total + 255) // 256,), (256,),
                                        (q, k, v, cache.k[layer], cache.v[layer], batch.dev["positions"], np.int32(n),
                                         np.int32(hq), np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
                                         np.int32(neox), ff, batch.dev["slots"]))
@@ -274,7 +278,7 @@ class CudaBackend(CudaMatmuls, Backend):
         n, K = gate.shape
         y = cp.empty_like(gate)
         scratch = self._new_xq(y)
-        _ops().get_function("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n),
+        _op("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n),
                                                                             np.int32(act)) + self._xq_args(scratch, y))
         return y
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from minferd.backend.batch import Batch
 from minferd.devices import DECODE_PARTIAL_ROWS
-from minferd.kernels import module
+from minferd.kernels import kernel
 from minferd.kernels.attn_decode import attn_decode, splits_for
 from minferd.kernels.attn_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS, attn_prefill, attn_prefill_paged
 
@@ -39,7 +39,7 @@ def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: i
     qg = (q * np.float32(scale)).reshape(n, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * n, d)
     sc = cp.matmul(qg, kf.transpose(1, 2, 0))  # (hkv, g*n, L)
     L = sc.shape[-1]
-    module("ops").get_function("masked_softmax_f32")((hkv * g * n,), (256,),
+    kernel("ops", "masked_softmax_f32")((hkv * g * n,), (256,),
                                                      (sc, np.int32(n), np.int32(L), np.int32(first), np.int32(lo),
                                                       np.int32(window)))
     o = cp.matmul(sc, vf.transpose(1, 0, 2))  # (hkv, g*n, d)

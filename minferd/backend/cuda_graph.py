@@ -21,11 +21,12 @@ def decode_bucket(n: int) -> int:
     raise ValueError(f"a decode batch of {n} sequences: past the largest bucket {BUCKETS[-1]}")
 
 
-def capture(be, forward):
-    """forward() recorded on the backend's stream as a CUDA graph: (the graph, its output)."""
+def capture(be, forward, rows: int):
+    """forward() of `rows` rows (tokens) recorded on the backend's stream as a CUDA graph: (the
+    graph, its output)."""
     be.stream.begin_capture()
     try:
-        with be.capturing():
+        with be.capturing(rows):
             out = forward()
     finally:
         graph = be.stream.end_capture()
@@ -79,7 +80,7 @@ class DecodeGraph:
 
     def _capture(self):
         try:
-            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache))
+            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache), self.bucket)
         except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
             log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)
             self.eager, self.graph, self.logits = True, None, None
@@ -144,7 +145,7 @@ class PrefillGraph:
 
     def _capture(self) -> bool:
         try:
-            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache))
+            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache), self.bucket)
             return True
         except Exception as e:  # noqa: BLE001 - logged, and this bucket runs eagerly from now on
             log.warning("prefill graph of %d tokens not captured (%s); running it eagerly", self.bucket, e)

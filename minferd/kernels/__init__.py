@@ -1,6 +1,7 @@
 """CUDA kernels: each .cu file in this folder is one cupy.RawModule, compiled through NVRTC on
 first use for the device's architecture and cached by CuPy on disk. A `#line` directive makes
-compiler errors point into the .cu file. Importing this package needs no CuPy; `module()` does."""
+compiler errors point into the .cu file. Importing this package needs no CuPy; `module()` does.
+Launchers take their kernels from `kernel()`, never from a module's get_function (launch.py)."""
 from __future__ import annotations
 
 import functools
@@ -28,3 +29,14 @@ def _headers_digest() -> str:
     for p in sorted(DIR.glob("*.cuh")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, fn_name: str, name_expressions: tuple[str, ...] = (), smem: int = 0):
+    """One kernel of minferd/kernels/<name>.cu, launched through launch.Kernel; `smem` above the
+    default 48 KB raises the function's dynamic shared memory limit to it."""
+    from minferd.kernels.launch import Kernel
+    f = module(name, name_expressions).get_function(fn_name)
+    if smem > 48 * 1024:
+        f.max_dynamic_shared_size_bytes = smem
+    return Kernel(f, fn_name)

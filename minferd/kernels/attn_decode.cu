@@ -45,6 +45,7 @@
 // log2 domain, which only the merge reads.
 //
 // CPU reference: minferd/kernels/attn_decode.py's attn_decode_ref (tests/cuda/test_attn_decode.py).
+#include "pdl.cuh"
 #include "attn_decode_common.cuh"
 #include "attn_decode_tc.cuh"
 
@@ -81,6 +82,7 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
                   float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                   int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
                   float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+  pdl_enter();
   typedef Cfg<D, GM> C;
   constexpr int TK = C::TK, KK = C::KK, GP = C::GP, ROW = C::ROW, NC = C::NC, KS = C::KS;
   constexpr int DQ = C::DQ, JH = C::JH;
@@ -276,6 +278,7 @@ template <int D>
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ part_ml, float* __restrict__ out,
                   int hq, int splits, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+  pdl_enter();
   constexpr int V4 = D / 4;
   constexpr int SGMAX = MERGE_THREADS / V4;
   constexpr int SPT = (MAX_SPLITS + SGMAX - 1) / SGMAX;  // splits per thread at most

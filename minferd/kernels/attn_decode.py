@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .mmvq import MAX_COLS, scratch_bytes, xq_layout
 
 HEAD_DIMS = tuple(range(32, 257, 32))  # d % 32 == 0 (the merge quantizes whole 32-blocks), d <= 256
@@ -101,21 +101,17 @@ def names(d: int | None = None) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _split_fn(d: int, gm: int):
-    f = module("attn_decode", names(d)).get_function(_split_name(d, gm))
-    f.max_dynamic_shared_size_bytes = smem_bytes(d, gm)  # past the default 48 KB
-    return f
+    return kernel("attn_decode", _split_name(d, gm), names(d), smem_bytes(d, gm))
 
 
 @functools.lru_cache(maxsize=None)
 def _tc_fn(d: int):
-    f = module("attn_decode", names(d)).get_function(_tc_name(d))
-    f.max_dynamic_shared_size_bytes = smem_bytes_tc(d)
-    return f
+    return kernel("attn_decode", _tc_name(d), names(d), smem_bytes_tc(d))
 
 
 @functools.lru_cache(maxsize=None)
 def _merge_fn(d: int):
-    return module("attn_decode", names(d)).get_function(_merge_name(d))
+    return kernel("attn_decode", _merge_name(d), names(d))
 
 
 def compile_all(head_dims=HEAD_DIMS) -> None:
@@ -313,13 +309,12 @@ def legacy_ops_decode(q, k_ring, v_ring, pos, *, slots: int, window: int, scale:
     position pos[0]). Returns out (1, hq * d)."""
     import cupy as cp
     _, hq, d = q.shape
-    ops = module("ops")
     part_o = cp.empty((splits, hq, d), cp.float32)
     part_ms = cp.empty((splits, hq, 2), cp.float32)
-    ops.get_function("attn_decode_partial")(
+    kernel("ops", "attn_decode_partial")(
         (splits, hq), (128,), (q, k_ring, v_ring, pos, np.int32(slots), np.int32(window), np.float32(scale),
                                np.int32(hq), np.int32(k_ring.shape[1]), np.int32(d), np.int32(splits), part_o, part_ms))
     out = cp.empty((1, hq * d), cp.float32)
-    ops.get_function("attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                                        np.int32(splits), np.uint64(0), np.uint64(0), np.int32(0)))
+    kernel("ops", "attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
+                                             np.int32(splits), np.uint64(0), np.uint64(0), np.int32(0)))
     return out

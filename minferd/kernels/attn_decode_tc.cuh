@@ -1,6 +1,7 @@
 // attn_decode.cu's tensor-core kernel (d <= 128, the default there): its shared-memory layout
 // and the kernel. attn_decode.cu's header describes the method.
 #pragma once
+#include "pdl.cuh"
 #include "attn_decode_common.cuh"
 
 // The tensor-core kernel's layout (bytes): two K/V stages of 64 keys (after the last tile, the
@@ -36,6 +37,7 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
                float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
                   float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+  pdl_enter();
   typedef CfgTC<D> C;
   constexpr int TK = C::TK, ROW = C::ROW, DT = C::DT;
   extern __shared__ __align__(16) unsigned char smem[];

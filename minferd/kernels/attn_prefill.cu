@@ -24,6 +24,7 @@
 // written as zeros (they are the graph's padding).
 //
 // CPU reference: the NumPy attention of backend/cpu.py (tests/cuda/test_backend.py).
+#include "pdl.cuh"
 #include <cuda_fp16.h>
 
 typedef unsigned int u32;
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(128)
 attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const __half* __restrict__ Vc,
              float* __restrict__ out, int n, int hq, int hkv, int slots, int first, int lo, int window,
              float qscale, const int* __restrict__ table, int bs, const int* __restrict__ dims) {
+  pdl_enter();
   typedef Smem<D, BK> S;
   constexpr int ROW = S::ROW, BQ = S::BQ, NT = BK / 8, DT = D / 8, KS = D / 16;
   // Q fragments stay in registers where they fit beside the O accumulators (D <= 128).

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import module
+from . import kernel
 
 BQ = 64  # queries per CTA
 KEY_TILE = {32: 64, 64: 64, 96: 64, 128: 64, 256: 32}  # head dim -> keys per shared tile
@@ -30,9 +30,7 @@ def smem_bytes(d: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _fn(d: int, paged: bool = False):
-    f = module("attn_prefill", names()).get_function(_name(d, paged))
-    f.max_dynamic_shared_size_bytes = smem_bytes(d)  # past the default 48 KB for d >= 128
-    return f
+    return kernel("attn_prefill", _name(d, paged), names(), smem_bytes(d))  # past 48 KB for d >= 128
 
 
 def _check(q, K, V, out) -> None:

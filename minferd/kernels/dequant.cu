@@ -2,6 +2,7 @@
 // rows (the embedding lookup). Values come from blocks.cuh's decoders, so each element is
 // gguf's f32 value exactly, then rounded once to f16 (round to nearest even).
 // CPU reference: dequant_ref.py (bit-equal to gguf.quants.dequantize).
+#include "pdl.cuh"
 #include "blocks.cuh"
 
 // One thread per 8 consecutive elements of an output row: the 8 outputs are one 16-byte
@@ -14,6 +15,7 @@
 template <int TYPE, int OUT_F16, int VEC>
 __global__ void dequant(const u8* __restrict__ w, i64 row_bytes, int nrows_w, int K,
                         const int* __restrict__ ids, int row0, int nrows_out, void* __restrict__ out) {
+  pdl_enter();
   const int chunks = (K + 7) >> 3;
   const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= (i64)nrows_out * chunks) return;

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name, row_bytes
 
 _THREADS = 256
@@ -39,7 +39,7 @@ def names() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(qt: QuantType, out_f16: bool, vec: bool):
-    return module("dequant", names()).get_function(_name(qt, out_f16, vec))
+    return kernel("dequant", _name(qt, out_f16, vec), names())
 
 
 def check_rows(qt: QuantType, w, K: int, what: str = "w") -> int:

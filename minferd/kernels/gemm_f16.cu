@@ -37,6 +37,7 @@
 // Tails: x rows >= M and k >= K are zero-filled by cp.async's src-size; W16 rows >= N too;
 // FUSED rows >= N are never copied (their stale f16 only reaches output columns that are
 // not written) and decoded k >= K are forced to 0. K % 8 == 0 always (16-byte x rows).
+#include "pdl.cuh"
 #include "gemm_f16_decoders.cuh"
 #include "mma.cuh"
 
@@ -108,6 +109,7 @@ template <int BT, int BM, int BN, int WM, int WN, int MINB>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
     gemm_f16(const u16* __restrict__ x, const u8* __restrict__ w, i64 w_rb, float* __restrict__ out, int M, int N,
              int K, int out_vec) {
+  pdl_enter();
   using namespace gf;
   constexpr int THREADS = (BM / WM) * (BN / WN) * 32;
   constexpr bool FUSED = BT != W16;

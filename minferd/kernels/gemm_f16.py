@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .dequant import check_rows
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
@@ -93,10 +93,7 @@ def names() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str, smem: int):
-    k = module("gemm_f16", names()).get_function(name)
-    if smem > 48 * 1024:
-        k.max_dynamic_shared_size_bytes = smem
-    return k
+    return kernel("gemm_f16", name, names(), smem)
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,6 +39,7 @@
 //    the 8 row addresses of each matrix hit distinct banks.
 //
 // Wgmma (sm_90a) is deliberately not used: the module is compiled for plain sm_90.
+#include "pdl.cuh"
 #include "mmq_decoders.cuh"
 #include "mmq_tile.cuh"
 #include "mmq_xquant.cuh"
@@ -53,6 +54,7 @@ template <int TYPE>
 __global__ void __launch_bounds__(256)
 mmq_unpack(const u8* __restrict__ W, i64 row_bytes, int N, int nb, int Kp, i8* __restrict__ wq,
            float* __restrict__ ws) {
+  pdl_enter();
   typedef Dec<TYPE> D;
   const int npieces = Kp >> 6;
   const i64 gt = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(WN * WM * 32, MINB)
 mmq_gemm(const i8* __restrict__ wq, const float* __restrict__ ws, int N, int M, int Mp, int Kp,
          const i8* __restrict__ xq, const float* __restrict__ xd, const float* __restrict__ xs,
          const float2* __restrict__ xs16, float* __restrict__ out, i64 ldo) {
+  pdl_enter();
   constexpr int NT = WN * WM * 32, BN = 16 * TN * WN, BM = 8 * TM * WM;
   typedef Stage<BN, BM, NS, KIND> S;
   static_assert(TM % 2 == 0, "B fragments load two n8 tiles at a time");

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .dequant import check_rows
 from .quant import TYPES, QuantType, by_name
 
@@ -75,10 +75,7 @@ def names() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str, smem: int = 0):
-    f = module("mmq", names()).get_function(name)
-    if smem > 48 * 1024:
-        f.max_dynamic_shared_size_bytes = smem
-    return f
+    return kernel("mmq", name, names(), smem)
 
 
 def smem_bytes(qt: QuantType, config: str) -> int:

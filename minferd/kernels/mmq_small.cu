@@ -18,6 +18,7 @@
 // (no atomics: a batch's tokens do not depend on the run).
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmq_small.py).
+#include "pdl.cuh"
 #include "mmq_decoders.cuh"
 #include "mmq_tile.cuh"
 
@@ -30,6 +31,7 @@ mmq_small(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int Mp,
           const i8* __restrict__ xq, const float* __restrict__ xd, const float* __restrict__ xs,
           const float2* __restrict__ xs16, float* __restrict__ out, const float* __restrict__ bias,
           const float* __restrict__ res, float* __restrict__ part) {
+  pdl_enter();
   typedef Dec<TYPE> D;
   constexpr int NS = D::NS, KIND = D::KIND, WM = 1, TN = 1;
   constexpr int NT = WN * 32, BN = 16 * TN * WN, BM = 8 * TM * WM;
@@ -126,6 +128,7 @@ mmq_small(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int Mp,
 extern "C" __global__ void __launch_bounds__(256)
 mmq_split_sum(const float* __restrict__ part, int splits, int M, int N, const float* __restrict__ bias,
               const float* __restrict__ res, float* __restrict__ out) {
+  pdl_enter();
   const i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x, MN = (i64)M * N;
   if (o >= MN) return;
   float v = 0.0f;

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .dequant import check_rows
 from .mmq import BK, ROWB, SUPPORTED, _SCALES, quantize_rows
 from .quant import TYPES, QuantType, by_name
@@ -64,10 +64,7 @@ def names() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str, smem: int = 0):
-    f = module("mmq_small", names()).get_function(name)
-    if smem > 48 * 1024:
-        f.max_dynamic_shared_size_bytes = smem
-    return f
+    return kernel("mmq_small", name, names(), smem)
 
 
 def smem_bytes(qt: QuantType, M: int, config: str = CONFIG) -> int:

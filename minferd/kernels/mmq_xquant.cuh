@@ -2,12 +2,14 @@
 // row, plus per-32 sums for the min terms (mmq.cu's header says why). mmvq.cu's mat-vec format,
 // one scale per 32 elements, is xquant.cuh.
 #pragma once
+#include "pdl.cuh"
 #include "blocks.cuh"
 
 // ---------------------------------------------------------------------------------------
 // x's scale per token row: xd[m] = max |x[m, :]| / 127 (0 for the padding rows m >= M).
 extern "C" __global__ void __launch_bounds__(256)
 mmq_row_scale(const float* __restrict__ x, int M, int K, int Mp, float* __restrict__ xd) {
+  pdl_enter();
   __shared__ float part[8];
   const int m = blockIdx.x;
   float amax = 0.0f;
@@ -34,6 +36,7 @@ mmq_row_scale(const float* __restrict__ x, int M, int K, int Mp, float* __restri
 extern "C" __global__ void __launch_bounds__(256)
 mmq_quantize_x(const float* __restrict__ x, int M, int K, int Mp, int Kp, i8* __restrict__ xq,
                const float* __restrict__ xd, float* __restrict__ xs, float2* __restrict__ xs16) {
+  pdl_enter();
   const i64 gt = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   const int kq = Kp >> 3;
   if (gt >= (i64)Mp * kq) return;  // Kp % 128 == 0: whole warps leave together

@@ -35,6 +35,7 @@
 // pairs. Float weights (F32/F16/BF16) take mmv_float, which keeps x in f32.
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmvq.py, in f64).
+#include "pdl.cuh"
 #include "mmvq_units_k.cuh"
 #include "xquant.cuh"
 
@@ -51,6 +52,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // and the kernels can read (d, sum) pairs as float4.
 extern "C" __global__ void quantize_x(const float* __restrict__ x, int K, int ncols, int kbp,
                                       i8* __restrict__ xq, float2* __restrict__ xds) {
+  pdl_enter();
   const i64 gw = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31, nkb = K >> 5;
   if (gw >= (i64)ncols * nkb) return;  // whole warps leave together
@@ -86,6 +88,7 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
      const float* __restrict__ res) {
+  pdl_enter();
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
@@ -192,6 +195,7 @@ template <int TYPE, int NC, int VEC>
 __global__ void __launch_bounds__(128)
 mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
           int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+  pdl_enter();
   constexpr int UNR = 2, ES = Blk<TYPE>::BB;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * 4 + (threadIdx.x >> 5);

@@ -23,7 +23,7 @@ import functools
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .dequant import check_rows
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
@@ -139,7 +139,7 @@ def add_sweep() -> None:
 @functools.lru_cache(maxsize=None)
 def _fn(name: str):
     defaults = names()
-    return module("mmvq", defaults + tuple(n for n in _extra_names if n not in defaults)).get_function(name)
+    return kernel("mmvq", name, defaults + tuple(n for n in _extra_names if n not in defaults))
 
 
 def _round_up(a: int, b: int) -> int:

@@ -1,6 +1,7 @@
 // Small fused ops of the forward pass, f32 activations, f16 KV cache.
 // Every kernel reads token positions from device memory so that the decode step can be
 // captured once as a CUDA graph and replayed with new positions.
+#include "pdl.cuh"
 #include <cuda_fp16.h>
 #include "xquant.cuh"
 
@@ -36,6 +37,7 @@ __device__ float block_sum(float v) {
 // also its f16 rounding (what a prefill GEMM reads: the separate cast was 13% of a pp2048).
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ out, int dim, float eps, __half* __restrict__ out16) {
+    pdl_enter();
     const float* xr = x + (long long)blockIdx.x * dim;
     float* orow = out + (long long)blockIdx.x * dim;
     float ss = 0.f;
@@ -57,6 +59,7 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
 extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
                                      float2* __restrict__ xds, int kbp) {
+    pdl_enter();
     const float* xr = x + (long long)blockIdx.x * dim;
     float* orow = out + (long long)blockIdx.x * dim;
     float ss = 0.f;
@@ -81,6 +84,7 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
 extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* __restrict__ u,
                                       float* __restrict__ y, int K, int n, int act, signed char* __restrict__ xq,
                                       float2* __restrict__ xds, int kbp) {
+    pdl_enter();
     long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     int lane = threadIdx.x % WARP, nkb = K / 32;
     if (gw >= (long long)n * nkb) return;
@@ -110,6 +114,7 @@ __device__ __forceinline__ void rope_pair(float& xa, float& xb, int p, int i, in
 // Rotary embedding of x (n, heads, d) in place; positions pos[n].
 extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict__ pos, int n, int heads, int d,
                                     float base, float scale, int neox, const float* __restrict__ ff) {
+    pdl_enter();
     int half = d / 2;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * heads * half) return;
@@ -127,6 +132,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
                                    __half* __restrict__ K, __half* __restrict__ V, const int* __restrict__ pos,
                                    int n, int hq, int hkv, int d, float base, float scale, int neox,
                                    const float* __restrict__ ff, const int* __restrict__ slot_of) {
+    pdl_enter();
     int half = d / 2;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * (hq + hkv) * half) return;
@@ -154,6 +160,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
 extern "C" __global__ void kv_write_f16(const float* __restrict__ k, const float* __restrict__ v,
                                         __half* __restrict__ K, __half* __restrict__ V,
                                         const int* __restrict__ slot_of, int n, int row) {
+    pdl_enter();
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;
     int tok = t / row, e = t % row;
@@ -172,6 +179,7 @@ extern "C" __global__ void attn_decode_partial(const float* __restrict__ q, cons
                                                int slots, int window, float scale, int heads, int kv_heads,
                                                int d, int splits, float* __restrict__ part_o,
                                                float* __restrict__ part_ms) {
+    pdl_enter();
     int split = blockIdx.x, h = blockIdx.y, kvh = h / (heads / kv_heads);
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     int p = pos[0];
@@ -224,6 +232,7 @@ extern "C" __global__ void attn_decode_partial(const float* __restrict__ q, cons
 extern "C" __global__ void attn_decode_merge(const float* __restrict__ part_o, const float* __restrict__ part_ms,
                                              float* __restrict__ out, int heads, int d, int splits,
                                              signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+    pdl_enter();
     __shared__ float wgt[64];
     __shared__ float inv_s;
     int h = blockIdx.x, e = threadIdx.x;
@@ -258,6 +267,7 @@ extern "C" __global__ void attn_decode_merge(const float* __restrict__ part_o, c
 // Prefill attention: masked softmax over f32 scores (rows, L) in place, one block per row.
 // Row r is query i = r % n at position q0 + i; column j is the key at position k0 + j.
 extern "C" __global__ void masked_softmax_f32(float* __restrict__ sc, int n, int L, int q0, int k0, int window) {
+    pdl_enter();
     long long r = blockIdx.x;
     int qp = q0 + (int)(r % n);
     float* row = sc + r * L;

@@ -29,6 +29,7 @@
 // the launches are safe inside CUDA graph capture. Rows that Sampler would refuse (NaN
 // logits, a maximum that is not finite, parameters out of range, history ids outside the
 // vocab) get id -1, for the caller to raise on.
+#include "pdl.cuh"
 #include "sample_common.cuh"
 
 // A segment's record in scratch, SLOT u64s: [0] the best composite (argmax), [1] flags |
@@ -48,6 +49,7 @@ sample_part(const float* __restrict__ logits, int V, int L, int S, const float* 
             const float* __restrict__ min_p, const float* __restrict__ penalty,
             const int* __restrict__ history, int H, const float* __restrict__ uni,
             u64* __restrict__ scratch) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem[];
   u64* sel = reinterpret_cast<u64*>(smem);
   u32* skey = reinterpret_cast<u32*>(sel + MAX_TOP_K);
@@ -202,6 +204,7 @@ sample_merge(int V, int S, const float* __restrict__ temperature, const int* __r
              const float* __restrict__ top_p, const float* __restrict__ min_p,
              const float* __restrict__ penalty, const float* __restrict__ uni,
              const u64* __restrict__ scratch, int* __restrict__ out) {
+  pdl_enter();
   extern __shared__ __align__(16) unsigned char smem[];
   u64* sel = reinterpret_cast<u64*>(smem);
   u64* srt = sel + MAX_TOP_K;

@@ -35,7 +35,7 @@ import functools
 
 import numpy as np
 
-from . import module
+from . import kernel
 
 MAX_TOP_K = 256  # rows whose top_k is 0 or larger than this are not handled here (the caller samples them on the host)
 MAX_ROWS = 256
@@ -71,10 +71,7 @@ def segments(B: int, V: int) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str):
-    f = module("sample", names()).get_function(name)
-    if name.startswith("sample_part"):
-        f.max_dynamic_shared_size_bytes = part_smem(MAX_VOCAB)  # past the default 48 KB
-    return f
+    return kernel("sample", name, names(), part_smem(MAX_VOCAB) if name.startswith("sample_part") else 0)
 
 
 def _check_logits(logits, what: str) -> tuple[int, int]:

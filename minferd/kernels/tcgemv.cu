@@ -16,6 +16,7 @@
 // The decoders (fragments, TcW<T>) are tcgemv_decoders.cuh.
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_tcgemv.py).
+#include "pdl.cuh"
 #include "tcgemv_decoders.cuh"
 
 #ifndef MINFERD_HOST_TEST
@@ -151,6 +152,7 @@ __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
        float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
        float* __restrict__ part) {
+  pdl_enter();
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
   const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
   float acc[RT][NT8][4];
@@ -195,6 +197,7 @@ template <int TYPE, int NT8, int RT, int KW, int PF, int CL>
 __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(KW * 32)
 tcgemv_cl(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
           float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+  pdl_enter();
   constexpr int NE = RT * NT8 * 4, NTH = KW * 32;
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS], then this CTA's sums [NE][NTH] (f32)
   const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;

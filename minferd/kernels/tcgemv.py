@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from . import module
+from . import kernel
 from .dequant import check_rows
 from .mmq_small import check_epilogue, partials, ptr, sm_count, split_sum
 from .quant import TYPES, QuantType, by_name
@@ -91,9 +91,7 @@ def smem_bytes(M: int, K_stage: int = 256) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _fn(name: str, smem: int):
-    f = module("tcgemv", names()).get_function(name)
-    f.max_dynamic_shared_size_bytes = smem  # 64 tokens pass the default 48 KB
-    return f
+    return kernel("tcgemv", name, names(), smem)  # 64 tokens pass the default 48 KB
 
 
 def _stream(stream):

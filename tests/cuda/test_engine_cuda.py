@@ -51,6 +51,28 @@ def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
 
 
 @pytest.mark.parametrize("path", ["w16", "mmq"])
+@pytest.mark.parametrize("B", [1, 16, 128])
+def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
+    """A decode graph captured with every node launched programmatically (kernels/launch.py:
+    each kernel waits for the node before it in pdl_enter) replays to the same bits as the same
+    bucket captured the ordinary way: the same kernels in the same order, only launched sooner."""
+    outs = []
+    for rows in ("0", "256"):
+        monkeypatch.setenv("MINFERD_PDL", rows)
+        lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=256)
+        m, be = lm.model, lm.model.be
+        cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)
+        rng = np.random.default_rng(B)
+        tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]
+        lens = rng.integers(1, 60, B)
+        m.forward_batch(Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32), cache)
+        step = [([int(rng.integers(0, 1000))], int(n), t) for n, t in zip(lens, tables)]
+        outs.append(be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache)))
+        assert not any(g.eager for g in be.graphs.values())
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a
     decoding sequence, 54 tokens in all, replays the 64-row decode graph with each token a row:
