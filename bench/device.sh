@@ -181,7 +181,7 @@ if [ "$stage" = latency ]; then
   done
 fi
 if [ "$stage" = moe ]; then
-  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-200}; fi
   synth_moe() { [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m \
     --random-blocks /tmp/q30b.gguf; }
@@ -199,8 +199,9 @@ if [ "$stage" = serve ]; then
   # The build runs while the tests do; the benches wait for it (the daemon's compute threads run
   # niced: sixteen compiler jobs beside them starved its engine).
   # The single-stream bench waits for the build too: s8's ran beside it and lost ~6%.
-  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
-  cuda_tests ${TEST_LIMIT:-300}
+  # LLAMA=0 skips llama.cpp's columns, TESTS=none the tests (a re-run of our own figures).
+  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
+  [ "${TESTS:-}" = none ] || cuda_tests ${TEST_LIMIT:-300}
   q7b
   wait $build; built=$?
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512 -n 128 -d 0,4096,16384 -r 3 \
