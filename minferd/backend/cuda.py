@@ -13,7 +13,7 @@ import contextlib
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_moe, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -183,6 +183,19 @@ class CudaBackend(CudaMatmuls, Backend):
         return out
 
     # ---- what Backend.moe (backend/moe.py, expert by expert) runs on ----------------------
+    def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
+            oai_glu=None, norm_topk=True):
+        """Decode rows route on the device (cuda_moe, graph-safe); the rest expert by expert."""
+        if cuda_moe.covers(x.shape[0], router_bias, exps_bias, oai_glu):
+            return cuda_moe.moe(self, x, router, gate_exps, up_exps, down_exps, k, residual, norm_topk)
+        return super().moe(x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu,
+                           norm_topk)
+
+    def graph_safe(self, model, rows: int) -> bool:
+        """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any
+        model's that says so, and an MoE's decode rows where its routing runs on the device."""
+        return getattr(model, "graph_safe", True) or (getattr(model, "device_moe", False) and cuda_moe.covers(rows))
+
     def take_rows(self, x, rows):
         return cp.ascontiguousarray(x[cp.asarray(rows)], dtype=cp.float32)
 
@@ -299,7 +312,7 @@ class CudaBackend(CudaMatmuls, Backend):
             logits = self.decode(model, batch.as_rows(), cache)
             with self.stream:
                 return logits[cp.asarray(batch.last_rows().astype(np.int64))]
-        if batch.n_seqs > 1 or not getattr(model, "graph_safe", True) \
+        if batch.n_seqs > 1 or not self.graph_safe(model, n) \
                 or model.spec.head_dim not in cuda_attention.PREFILL_HEAD_DIMS:
             return super().run(model, batch, cache)
         top = PREFILL_BUCKETS[-1]

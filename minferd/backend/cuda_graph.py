@@ -54,7 +54,7 @@ class DecodeGraph:
         self.graph = None
         # Capture failed (a kernel that cannot be captured), or the model's pass reads results
         # on the host (its MoE routing): run the step as is.
-        self.eager = not getattr(model, "graph_safe", True)
+        self.eager = not be.graph_safe(model, bucket)
         self.pool = be.arena.graph_pool()  # the graph's buffers (and an eager step's, after a failed capture)
 
     def run(self, batch: Batch):

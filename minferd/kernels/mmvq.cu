@@ -81,23 +81,15 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
 // each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
 // cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
+// The rows of one CTA (bx: its index among the CTAs of this matrix): the body both launches share.
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
-__global__ void __launch_bounds__(NW * 32)
-mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
-     int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
-     const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
-     i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res) {
-  pdl_enter();
+__device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
+                                          const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
+                                          const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
+                                          int ncols, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
-  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
-  const u8* __restrict__ W = seg == 0 ? W0 : (seg == 1 ? W1 : W2);
-  const int nrows = seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2);
-  float* __restrict__ out = seg == 0 ? out0 : (seg == 1 ? out1 : out2);
-  const float* __restrict__ bias = seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2);
-  const int bx = blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
   const int row0 = (bx * (NW / KW) + warp / KW) * R;
   if (KW == 1 && row0 >= nrows) return;  // with KW > 1 every warp must reach __syncthreads
@@ -167,6 +159,39 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
   }
 }
 
+template <int TYPE, int NC, int NW, int KW, int R, int UNR>
+__global__ void __launch_bounds__(NW * 32)
+mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
+     int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+     const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
+     i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
+     const float* __restrict__ res) {
+  pdl_enter();
+  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
+  mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
+                                      seg == 0 ? out0 : (seg == 1 ? out1 : out2),
+                                      seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
+                                      blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds,
+                                      K, kbp, ncols, res);
+}
+
+// Mixture-of-experts decode: pick p (blockIdx.y) multiplies expert ids[p] of a stacked tensor
+// (expert e = rows e*nrows .. of W, expert_bytes apart) by x's row p / xdiv (xdiv = k: the
+// token's input to gate / up; 1: the pick's own activation to down) into out's row p. The
+// expert is read on the device, so a decode step that routes on the device can be captured
+// in a graph; each pick reads only its expert's bytes.
+template <int TYPE, int NW, int KW, int R, int UNR>
+__global__ void __launch_bounds__(NW * 32)
+mmvq_ids(const u8* __restrict__ W, i64 expert_bytes, int nrows, const int* __restrict__ ids, int xdiv,
+         float* __restrict__ out, i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds,
+         int K, int kbp) {
+  pdl_enter();
+  const int p = blockIdx.y, c = p / xdiv;
+  mmvq_rows<TYPE, 1, NW, KW, R, UNR>(W + (i64)__ldg(ids + p) * expert_bytes, nrows, out + (i64)p * nrows, nullptr,
+                                     blockIdx.x, row_bytes, nb, xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1,
+                                     nullptr);
+}
+
 // ---------------------------------------------------------------------------------------
 // Float weights: x stays f32 (no reason to round it when W is not quantized). One warp per
 // row, lanes over chunks of VEC elements (VEC 8: 16-byte loads of f16/bf16, 2 x 16 of f32,
@@ -192,10 +217,9 @@ __device__ __forceinline__ void load8(const u8* p, float* v) {
 }
 
 template <int TYPE, int NC, int VEC>
-__global__ void __launch_bounds__(128)
-mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
-          int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
-  pdl_enter();
+__device__ __forceinline__ void mmv_float_rows(const u8* __restrict__ W, i64 row_bytes, int nrows, int K,
+                                               const float* __restrict__ x, int ncols, float* __restrict__ out,
+                                               const float* __restrict__ bias, const float* __restrict__ res) {
   constexpr int UNR = 2, ES = Blk<TYPE>::BB;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -239,4 +263,23 @@ mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float
     const float s = warp_sum(acc[c]);
     if (lane == 0 && c < ncols) store_out(out, bias, res, nrows, c, row, s);
   }
+}
+
+template <int TYPE, int NC, int VEC>
+__global__ void __launch_bounds__(128)
+mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
+          int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+  pdl_enter();
+  mmv_float_rows<TYPE, NC, VEC>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
+}
+
+// mmvq_ids for float experts: x's row p / xdiv in f32.
+template <int TYPE, int VEC>
+__global__ void __launch_bounds__(128)
+mmv_float_ids(const u8* __restrict__ W, i64 expert_bytes, int nrows, const int* __restrict__ ids, int xdiv,
+              float* __restrict__ out, i64 row_bytes, int K, const float* __restrict__ x) {
+  pdl_enter();
+  const int p = blockIdx.y;
+  mmv_float_rows<TYPE, 1, VEC>(W + (i64)__ldg(ids + p) * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
+                               1, out + (i64)p * nrows, nullptr, nullptr);
 }

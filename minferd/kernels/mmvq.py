@@ -108,12 +108,28 @@ def _float_name(qt: QuantType, nc: int, vec: int) -> str:
     return f"mmv_float<{qt.ggml_id}, {nc}, {vec}>"
 
 
+def _ids_class(rows: int) -> str:
+    """An expert's matrices are small: mmvq_ids takes the one-column shape of few or mid rows."""
+    return "few" if rows <= 1024 else "mid"
+
+
+def _ids_name(qt: QuantType, cfg: Config) -> str:
+    nw, kw, r, unr = cfg
+    return f"mmvq_ids<{qt.ggml_id}, {nw}, {kw}, {r}, {unr}>"
+
+
+def _float_ids_name(qt: QuantType, vec: int) -> str:
+    return f"mmv_float_ids<{qt.ggml_id}, {vec}>"
+
+
 def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
+        names += [_ids_name(TYPES[name], CONFIGS[name][1][c]) for c in ("few", "mid")]
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
+        names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]
     return tuple(dict.fromkeys(names))
 
 
@@ -286,3 +302,43 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
              np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))
+
+
+def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stream=None) -> None:
+    """An MoE's decode products: out[p] (rows,) = x[p // xdiv] @ dequant(expert ids[p] of w).T for
+    every pick p, the expert read on the device (graph-safe routing). w: the stacked experts as
+    (n_expert * rows, row_bytes) uint8, expert e its rows e*rows ..; x (n, K) f32; ids (P,)
+    int32 (values < n_expert: moe.topk's); out (P, rows) f32. Quantized types read x in the
+    mat-vec format from `scratch` (quantize_x's, or the activation kernel's for its output);
+    float types read x itself."""
+    qt = _qt(qt)
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError(f"mmvq_ids: x must be C-contiguous float32 (n, K), got {x.dtype} {tuple(x.shape)}")
+    n, K = x.shape
+    if n_expert < 1 or w.ndim != 2 or w.shape[0] % n_expert:
+        raise ValueError(f"mmvq_ids: {tuple(w.shape)} weight rows are not {n_expert} experts' stacked")
+    rows, rb = w.shape[0] // n_expert, check_rows(qt, w, K)
+    P = ids.shape[0] if ids.ndim == 1 else -1
+    if ids.dtype != np.int32 or P < 0 or xdiv < 1 or (P and (P - 1) // xdiv >= n):
+        raise ValueError(f"mmvq_ids: ids {ids.dtype} {tuple(ids.shape)} with xdiv {xdiv} for {n} rows of x")
+    _check_f32(out, (P, rows), "out")
+    if P == 0 or rows == 0:
+        return
+    eb = np.int64(rows * rb)
+    if qt.name in FLOAT_TYPES:
+        vec = 8 if K % 8 == 0 and rb % 16 == 0 and w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0 else 1
+        with _stream(stream):
+            _fn(_float_ids_name(qt, vec))((-(-rows // 4), P), (128,),
+                                          (w, eb, np.int32(rows), ids, np.int32(xdiv), out, np.int64(rb), np.int32(K), x))
+        return
+    if scratch is None:
+        raise ValueError("mmvq_ids: a quantized type reads x from its scratch (quantize_x)")
+    _check_scratch(scratch, n, K)
+    off, kbp, _ = xq_layout(n, K)
+    nw, kw, r, unr = cfg = CONFIGS[qt.name][1][_ids_class(rows)]
+    per_cta = nw // kw * r
+    p = scratch.data.ptr
+    with _stream(stream):
+        _fn(_ids_name(qt, cfg))((-(-rows // per_cta), P), (nw * 32,),
+                                (w, eb, np.int32(rows), ids, np.int32(xdiv), out, np.int64(rb),
+                                 np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K), np.int32(kbp)))

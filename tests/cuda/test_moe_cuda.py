@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("cupy")  # without a device, conftest marks every test here skipped
 
 from minferd.backend.batch import Batch  # noqa: E402
-from minferd.model.arch import MODELS  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
@@ -19,8 +18,7 @@ from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 @pytest.mark.parametrize("matmul_path,kernel", PATH_KERNELS)
 @pytest.mark.parametrize("quant", MOE_TYPES)
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
-def test_tiny_moe_matches_cpu(synth_model, arch, quant, matmul_path, kernel, monkeypatch):
-    monkeypatch.setattr(MODELS[arch], "backends", ("cpu", "cuda"))  # qwen2moe: refused on CUDA until this passes
+def test_tiny_moe_matches_cpu(synth_model, arch, quant, matmul_path, kernel):
     # 64 tokens, 2 of 8 experts each: ~16 tokens an expert, some above the mat-vec limit, some under.
     err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
     # Where every dense matmul rounds x to int8 in q8_1 blocks of 32 (the CPU's Q4_K products use

@@ -12,10 +12,10 @@ from minferd.model.arch.qwen3moe import moe_layer, with_output
 
 
 class Qwen2MoeModel(Qwen2Model):
-    # CUDA would run qwen3moe's path (backend/moe.py) and sigmoid_dot; refused there until
-    # tests/cuda/test_moe_cuda.py has run it on a device.
-    backends = ("cpu",)
-    graph_safe = False  # the routing is decided on the host, a layer at a time
+    backends = ("cpu", "cuda")  # tests/cuda/test_moe_cuda.py (passed on the H200 in session 12)
+    # Prefill routes on the host (backend/moe.py); so could decode's, and sigmoid_dot multiplies
+    # through CuPy's cuBLAS, which refuses a capture: no graph for its passes.
+    graph_safe = False
 
     @classmethod
     def expected_tensors(cls, s):

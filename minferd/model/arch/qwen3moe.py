@@ -9,8 +9,9 @@ from minferd.model.arch.qwen3 import Qwen3Model
 
 
 class Qwen3MoeModel(Qwen3Model):
-    backends = ("cpu", "cuda")  # CUDA's MoE is backend/moe.py's, expert by expert (tests/cuda/test_moe_cuda.py)
-    graph_safe = False  # the routing is decided on the host, a layer at a time
+    backends = ("cpu", "cuda")  # tests/cuda/test_moe_cuda.py
+    graph_safe = False  # prefill routes on the host, a layer at a time (backend/moe.py's by_expert)
+    device_moe = True  # CUDA decode rows route on the device (backend/cuda_moe.py): graphs can hold them
 
     @classmethod
     def layer_tensors(cls, s, p):

@@ -1,0 +1,114 @@
+"""MoE decode routed on the device (backend/cuda_moe.py, MINFERD_DEVICE_MOE=1) against its CPU
+references: moe.topk against backend/moe.py's route, mmvq_ids against each pick's expert
+multiplied on its own in f64, and whole decode steps of tiny qwen3moe / qwen2moe models against
+the CPU backend, qwen3moe's through a captured graph."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from minferd.backend.batch import Batch  # noqa: E402
+from minferd.backend.moe import route  # noqa: E402
+from minferd.kernels import moe as moe_kernels  # noqa: E402
+from minferd.kernels.mmvq import mmvq_ids, quantize_x, scratch_bytes  # noqa: E402
+from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
+from minferd.model.loader import load_local  # noqa: E402
+from tests.conftest import MOE_TYPES  # noqa: E402
+from tests.cuda.conftest import matmul_reference, poisoned, rel_err  # noqa: E402
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("n,E,k", [(1, 128, 8), (5, 60, 4), (8, 8, 2), (3, 1000, 32)])
+def test_topk_is_route(n, E, k, norm):
+    rng = np.random.default_rng(E + k)
+    logits = rng.standard_normal((n, E)).astype(np.float32) * 3
+    ids, wts = moe_kernels.topk(cp.asarray(logits), k, norm)
+    ids, wts = cp.asnumpy(ids).reshape(n, k), cp.asnumpy(wts).reshape(n, k)
+    top, p = route(logits, k, norm)
+    for t in range(n):
+        assert sorted(ids[t]) == sorted(top[t])
+        assert list(ids[t]) == sorted(ids[t], key=lambda e: -logits[t, e])  # descending logits
+        np.testing.assert_allclose(wts[t][np.argsort(ids[t])], p[t][np.argsort(top[t])], rtol=2e-6, atol=1e-7)
+
+
+def test_topk_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="top 9 of 8 experts"):
+        moe_kernels.topk(cp.zeros((1, 8), cp.float32), 9)
+    with pytest.raises(ValueError, match="top 2 of 2000 experts"):
+        moe_kernels.topk(cp.zeros((1, 2000), cp.float32), 2)
+
+
+@pytest.mark.parametrize("name", CUDA_TYPES)
+@pytest.mark.parametrize("xdiv", [1, 4])
+def test_mmvq_ids_is_each_picks_own_product(name, xdiv, to_device):
+    """Every pick's output row is its expert's rows times its x row, as a lone matmul makes it
+    (67 rows an expert: not a multiple of any CTA's rows; outputs poisoned first)."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id + 100 * xdiv)
+    E, R = 6, 67
+    K = qt.block_elems * 5 if qt.is_quantized else 64
+    raw = random_blocks(qt, E * R, K, rng)
+    P = 8
+    n = -(-P // xdiv)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    ids_h = rng.integers(0, E, P).astype(np.int32)
+    xd, w = cp.asarray(x), to_device(raw)
+    scratch = None
+    if qt.is_quantized:
+        scratch = cp.empty(scratch_bytes(n, K), cp.uint8)
+        quantize_x(xd, scratch)
+    out = poisoned((P, R), cp.float32)
+    mmvq_ids(qt, w, E, xd, cp.asarray(ids_h), xdiv, out, scratch=scratch)
+    for p in range(P):
+        e = int(ids_h[p])
+        ref = matmul_reference(qt, raw[e * R:(e + 1) * R], x[p // xdiv:p // xdiv + 1])
+        err = rel_err(out[p:p + 1], ref)
+        assert err < 1e-2, f"{name} pick {p} (expert {e}): rel err {err:.2e}"
+
+
+def test_mmvq_ids_refuses_a_mismatch():
+    qt = TYPES["Q8_0"]
+    w = cp.zeros((6 * 4, qt.block_bytes), cp.uint8)
+    x = cp.zeros((2, 32), cp.float32)
+    with pytest.raises(ValueError, match="not 5 experts"):
+        mmvq_ids(qt, w, 5, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32))
+    with pytest.raises(ValueError, match="xdiv 1 for 2 rows"):
+        mmvq_ids(qt, w, 6, x, cp.zeros(3, cp.int32), 1, cp.zeros((3, 4), cp.float32))
+
+
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+@pytest.mark.parametrize("quant", MOE_TYPES)
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_a_decode_step_routed_on_the_device_matches_cpu(synth_model, arch, quant, path, monkeypatch):
+    """Five sequences' decode step: each row's logits the CPU backend's; qwen3moe's step a captured
+    graph (no host round trip), qwen2moe's eager (its shared expert's gate goes through cuBLAS)."""
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    file = str(synth_model(arch, quant))
+    rng = np.random.default_rng(11)
+    lens = rng.integers(3, 50, 5)
+    tables = [[2 * i, 2 * i + 1] for i in range(5)]
+    pre = [(rng.integers(300, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)]
+    step = [([int(rng.integers(300, 1000))], int(n), t) for n, t in zip(lens, tables)]
+    out = []
+    for device in ("cpu", "cuda"):
+        lm = load_local(file, path, device=device, ctx=256)
+        m, be = lm.model, lm.model.be
+        cache = m.new_cache(be.untracked(), 11 * 32)
+        m.forward_batch(Batch.build(pre, 32), cache)
+        b = Batch.build(step, 32, width=8)
+        if device == "cpu":
+            out.append(be.to_host(m.forward_batch(b, cache)))
+            continue
+        first = be.to_host(be.decode(m, b, cache))
+        again = be.to_host(be.decode(m, b, cache))  # a replay (the same step again: same keys, same logits)
+        assert np.array_equal(first, again)
+        assert all(g.eager == (arch == "qwen2moe") for g in be.graphs.values())
+        out.append(first)
+    cpu, gpu = out
+    assert gpu.shape == cpu.shape == (5, m.spec.n_vocab)
+    bound = 0.1 if quant == "q4_k" and path != "w16" else 2e-2  # test_moe_cuda.py's router near-ties
+    assert np.abs(gpu - cpu).max() <= bound * np.abs(cpu).max()
+    assert (gpu.argmax(1) == cpu.argmax(1)).mean() >= 0.8
