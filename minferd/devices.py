@@ -96,7 +96,7 @@ def cpu_traits(threads: int) -> DeviceTraits:
 
 def cuda_traits() -> DeviceTraits:
     # What each path covers is what its kernels say (NumPy-only imports: no CuPy needed to plan).
-    # A type outside MMQ's set sends the model to FUSED_B (planner.quantized_path).
+    # A model with no type in MMQ's set goes FUSED_B (planner.quantized_path).
     from minferd.kernels import gemm_f16, mmq
     paths = {MatmulPath.W16: TENSOR_TYPES["cuda"], MatmulPath.MMQ: frozenset(mmq.SUPPORTED),
              MatmulPath.FUSED_B: frozenset(gemm_f16.SUPPORTED)}

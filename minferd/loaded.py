@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from minferd.devices import MatmulPath
 from minferd.model.arch.llama import MATMUL
 from minferd.model.loader import ModelFile
-from minferd.pool.planner import Plan
+from minferd.pool.planner import Plan, quantized_path
 from minferd.config import MAX_RUNNING_SEQS
 from minferd.engine.engine import ModelEngine
 
@@ -70,8 +70,7 @@ class WeightSet:
         if self.w16_bytes() if w16_held is None else w16_held:
             return MatmulPath.W16
         if self.plan.matmul_path == MatmulPath.W16:
-            missing = self.file.matmul_types() - traits.path_types[MatmulPath.MMQ]
-            return MatmulPath.FUSED_B if missing else MatmulPath.MMQ
+            return quantized_path(self.file.matmul_types(), traits)[0]
         return self.plan.matmul_path
 
 

@@ -244,11 +244,11 @@ class Backend(ABC):
 
     # ---- what backend/moe.py's expert-by-expert MLP needs besides the ops above -----------------
     def take_rows(self, x, rows: np.ndarray):
-        """x[rows] (rows: host int array) as a new C-contiguous f32 array."""
+        """x[rows] (rows: an int array, on the host or this backend's device) as a new C-contiguous f32 array."""
         raise NotImplementedError(f"the {self.name} backend has no row gather")
 
     def add_rows(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
-        """out[rows] += weights[:, None] * y in place, rows distinct."""
+        """out[rows] += weights[:, None] * y in place, rows distinct (arrays as take_rows's)."""
         raise NotImplementedError(f"the {self.name} backend has no row scatter")
 
     def bias_row(self, w: Weight, r: int):

@@ -204,7 +204,7 @@ class CudaBackend(CudaMatmuls, Backend):
         return (1.0 / (1.0 + cp.exp(-z))).astype(cp.float32)
 
     def add_rows(self, out, rows, y, weights) -> None:
-        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y  # rows distinct
+        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y  # rows distinct; no copy if on the device
 
     def bias_row(self, w: Weight, r: int):
         return self.embed([r], w)  # a row of the 2-D tensor, dequantized: what embed does

@@ -25,11 +25,18 @@ class Plan:
         return sum(self.bytes.values())
 
 
-def quantized_path(est: Estimate, traits: DeviceTraits) -> tuple[MatmulPath, str]:
-    missing = sorted(est.matmul_types - traits.path_types[MatmulPath.MMQ])
-    if not missing:
+def quantized_path(types, traits: DeviceTraits) -> tuple[MatmulPath, str]:
+    """The path without the f16 copy for a model of these matmul types. MMQ's matmuls each take the
+    gate table's kernel among those covering their type, so a type the mmq kernel lacks (an F32
+    router, a Q2_K tensor) runs fused_b or dequantized tiles there and the rest keep mmq; only a
+    model with no type mmq covers goes FUSED_B (the same kernels, never mmq)."""
+    with_mmq = sorted(types & traits.path_types[MatmulPath.MMQ])
+    others = sorted(types - traits.path_types[MatmulPath.MMQ])
+    if not others:
         return MatmulPath.MMQ, "mmq covers every matmul type"
-    return MatmulPath.FUSED_B, f"mmq has no kernel for {', '.join(missing)}"
+    if with_mmq:
+        return MatmulPath.MMQ, f"mmq covers {', '.join(with_mmq)}; {', '.join(others)} through fused_b or tiles"
+    return MatmulPath.FUSED_B, f"mmq has no kernel for {', '.join(others)}"
 
 
 def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath | None = None,
@@ -46,7 +53,7 @@ def plan(est: Estimate, traits: DeviceTraits, free: int, requested: MatmulPath |
                        f"routers ({fmt_bytes(est.expert_bytes)}, run quantized)")
         return Plan(path, reason, est.ctx, kv_dtype, est.by_kind(path == MatmulPath.W16), est.w16, wants_w16)
 
-    q_path, q_why = quantized_path(est, traits)
+    q_path, q_why = quantized_path(est.matmul_types, traits)
     no_w16 = valve("MINFERD_NO_W16CACHE", env) == "1"
     fits = est.total(True) <= free
     does_not_fit = f"the f16 copy needs {fmt_bytes(est.total(True))} in all, {fmt_bytes(free)} free"

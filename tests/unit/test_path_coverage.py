@@ -1,5 +1,5 @@
-"""The planner's type coverage per path comes from the kernels themselves: a type without an
-MMQ kernel sends a model to FUSED_B."""
+"""The planner's type coverage per path comes from the kernels themselves: a model with no type
+the MMQ kernel covers goes FUSED_B; one with some keeps MMQ (the rest on fused_b / tiles)."""
 from minferd.devices import MatmulPath, cuda_traits
 from minferd.kernels import gemm_f16, mmq
 from minferd.kernels.quant import CUDA_TYPES

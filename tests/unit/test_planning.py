@@ -62,7 +62,10 @@ def test_planner_rules(env, requested, free, path, words):
 def test_planner_gate_and_coverage():
     p = plan(est(matmul_bytes=(2 << 30) - 1), cuda_traits(), BIG, env={})
     assert p.matmul_path == MatmulPath.MMQ and "under the w16 gate of 2.00 GiB" in p.reason
+    # A type mmq lacks beside one it has (an MoE's F32 router): MMQ, the F16 matmuls on fused_b / tiles.
     p = plan(est(types=("Q4_K", "F16")), cuda_traits(), 10 << 30, env={})
+    assert p.matmul_path == MatmulPath.MMQ and "mmq covers Q4_K; F16 through fused_b or tiles" in p.reason
+    p = plan(est(types=("F16",)), cuda_traits(), 10 << 30, env={})
     assert p.matmul_path == MatmulPath.FUSED_B and "no kernel for F16" in p.reason
     p = plan(est(types=("BF16",)), cuda_traits(), BIG, MatmulPath.MMQ, env={})
     assert p.matmul_path == MatmulPath.FUSED_B and "mmq requested but" in p.reason
