@@ -186,10 +186,10 @@ class Backend(ABC):
         """RMS-normalise over the last axis, times weight (broadcast over leading axes)."""
 
     @abstractmethod
-    def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None,
-             yarn=None):
-        """Rotate x (n, heads, head_dim) in place or not; returns the rotated array. yarn: the
-        spec's Yarn, which blends `scale` in by frequency (only the CPU backend has it so far)."""
+    def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None):
+        """Rotate x (n, heads, head_dim) in place or not; returns the rotated array: pair i of a
+        head at position p by p * scale * base^(-2i/d) / freq_factors[i] (YaRN is such factors:
+        model/spec.py's Yarn)."""
 
     @abstractmethod
     def kv_write(self, cache: KVCache, layer: int, batch, k, v) -> None:

@@ -211,21 +211,14 @@ class CpuBackend(Backend):
         ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
         return (x / np.sqrt(ms + np.float32(eps))) * weight.data
 
-    def rope(self, x, positions, base, scale, neox, freq_factors=None, yarn=None):
+    def rope(self, x, positions, base, scale, neox, freq_factors=None):
         n, h, d = x.shape
         inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
         if freq_factors is not None:
             inv = inv / np.asarray(freq_factors, np.float64)
-        mscale = 1.0
-        if yarn is not None:
-            # Per pair: the share of the unscaled angle, 1 for the fast pairs down to 0 for the slow.
-            low, high = yarn.corr_dims(d, base)
-            keep = 1 - np.clip((np.arange(d // 2) - low) / max(0.001, high - low), 0, 1)
-            inv = inv * (scale + (1 - scale) * keep)
-            scale, mscale = 1.0, 1 + 0.1 * math.log(1 / scale)
         ang = (np.asarray(positions, np.float64)[:, None] * scale) * inv[None, :]  # (n, d/2)
-        cos = (np.cos(ang) * mscale).astype(np.float32)[:, None, :]
-        sin = (np.sin(ang) * mscale).astype(np.float32)[:, None, :]
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
         if neox:
             a, b = x[..., : d // 2], x[..., d // 2:]
         else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from minferd.errors import ModelFileError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
@@ -41,6 +43,19 @@ class Yarn:
         def dim(rotations):  # the pair index that turns `rotations` times over orig_ctx positions
             return n_dims * math.log(self.orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
         return max(0.0, math.floor(dim(self.beta_fast))), min(n_dims - 1.0, math.ceil(dim(self.beta_slow)))
+
+    def freq_factors(self, n_dims: int, base: float, scale: float) -> np.ndarray:
+        """(n_dims / 2,) divisors of each pair's unscaled frequency that make YaRN's blended angle
+        (rope kernels' freq_factors, with the position scale then 1): 1 / scale where the pair
+        interpolates, 1 where it extrapolates, the ramp between."""
+        low, high = self.corr_dims(n_dims, base)
+        keep = 1 - np.clip((np.arange(n_dims // 2) - low) / max(0.001, high - low), 0, 1)
+        return 1 / (scale + (1 - scale) * keep)
+
+    @staticmethod
+    def mscale(scale: float) -> float:
+        """What cos and sin are multiplied by."""
+        return 1 + 0.1 * math.log(1 / scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,18 +77,16 @@ def test_window_sinks_and_yarn_each_change_the_logits(synth_model):
     model, s = lm.model, lm.spec
     ids = np.random.default_rng(1).integers(260, 1000, 40)
 
-    def logits():
-        return prefill(model, ids, model.new_cache(model.be.untracked(), len(ids)), all_logits=True)
+    def logits(spec=s):  # the model as it would be built from this spec (its rope tables included)
+        m = type(model)(spec, model.w, model.be)
+        return prefill(m, ids, m.new_cache(m.be.untracked(), len(ids)), all_logits=True)
 
     def moved(other):  # each position's relative change
         return np.linalg.norm(other - base, axis=1) / np.linalg.norm(base, axis=1)
 
     base = logits()
-    model.spec = dataclasses.replace(s, sliding_window=0)
-    wide = moved(logits())
-    model.spec = dataclasses.replace(s, yarn=None, rope_scale=1.0)
-    plain_rope = moved(logits())
-    model.spec = s
+    wide = moved(logits(dataclasses.replace(s, sliding_window=0)))
+    plain_rope = moved(logits(dataclasses.replace(s, yarn=None, rope_scale=1.0)))
     for i in range(s.n_layers):
         model.w[f"blk.{i}.attn_sinks.weight"].data[:] = 0
     no_sinks = moved(logits())

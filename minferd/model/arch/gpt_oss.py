@@ -9,6 +9,8 @@ router's biased logits, their softmax as the weights (the same numbers as qwen3m
 renormalization). Each expert is biased and gated by swiglu_oai. The norm before the MLP is
 post_attention_norm (llama.cpp's attn_post_norm); there is no ffn_norm, and no tied output.
 """
+import numpy as np
+
 from minferd.model.arch.llama import VECTOR, LlamaModel
 from minferd.model.arch.qwen3moe import expert_tensors, with_output
 
@@ -45,15 +47,24 @@ class GptOssModel(LlamaModel):
     def optional_tensors(cls, s):
         return {}  # YaRN, not rope_freqs, is what stretches gpt-oss's rope
 
+    def __init__(self, spec, weights, backend):
+        super().__init__(spec, weights, backend)
+        # YaRN as every backend's plain rope takes it: each pair's blended frequency as a freq
+        # factor (the position scale then 1), and cos and sin's factor mscale on q and k alike,
+        # which is mscale^2 on every attention logit.
+        s, y = spec, spec.yarn
+        self.rope_ff = {b: None if y is None else backend.to_device(y.freq_factors(s.head_dim, b, s.rope_scale).astype(np.float32))
+                        for b in {s.rope_base, s.rope_base_swa}}
+        self.rope_scale = s.rope_scale if y is None else 1.0
+        self.logit_scale = s.attn_scale * (1.0 if y is None else y.mscale(s.rope_scale) ** 2)
+
     def attention(self, i, x, batch, cache):
         s, be = self.spec, self.be
         q, k, v = self.qkv(i, x)
         swa = s.swa_layers[i]
-        # rope and the cache write apart: rope_kv (one kernel on CUDA) takes no YaRN yet.
-        rope = (batch.positions, s.rope_base_swa if swa else s.rope_base, s.rope_scale, s.rope_type == "neox")
-        q = be.rope(q, *rope, yarn=s.yarn)
-        be.kv_write(cache, i, batch, be.rope(k, *rope, yarn=s.yarn), v)
-        return be.attention(q, cache, i, batch, s.sliding_window if swa else 0, s.attn_scale,
+        base = s.rope_base_swa if swa else s.rope_base
+        q = be.rope_kv(q, k, v, cache, i, batch, base, self.rope_scale, s.rope_type == "neox", self.rope_ff[base])
+        return be.attention(q, cache, i, batch, s.sliding_window if swa else 0, self.logit_scale,
                             sinks=self.w[f"blk.{i}.attn_sinks.weight"])
 
     def layer(self, i, x, batch, cache):
