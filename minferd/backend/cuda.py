@@ -37,6 +37,11 @@ def _op(name: str):
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 y16",
                                "y = g / (1.0f + expf(-g)) * u; y16 = (float16)y", "minferd_swiglu")
+# gpt-oss's clamped SwiGLU (Backend.swiglu_oai; the CPU backend's is the reference).
+_swiglu_oai = cp.ElementwiseKernel(
+    "float32 g, float32 u, float32 alpha, float32 limit", "float32 y",
+    "float gc = fminf(g, limit); float uc = fminf(fmaxf(u, -limit), limit); y = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f)",
+    "minferd_swiglu_oai")
 _gelu = cp.ElementwiseKernel(
     "float32 g, float32 u", "float32 y, float16 y16",
     "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u; y16 = (float16)y",
@@ -264,18 +269,25 @@ class CudaBackend(CudaMatmuls, Backend):
                                         np.int32(neox), ff, batch.dev["slots"]))
         return q
 
-    def attention(self, q, cache: KVCache, layer, batch, window, scale):
+    def attention(self, q, cache: KVCache, layer, batch, window, scale, sinks=None):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         k, v = cache.k[layer], cache.v[layer]
+        sinks = None if sinks is None else sinks.data
         if "prefill_dims" in batch.dev:  # a prefill graph's pass (cuda_graph.PrefillGraph)
-            return cuda_attention.paged_prefill(q, k, v, batch, window, scale)
+            return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
             xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
-            return cuda_attention.decode(q, k, v, batch, window, scale, xq)
-        return cuda_attention.mixed(q, k, v, batch, window, scale, layer)
+            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
+        return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 
     def swiglu(self, gate, up):
         return self._act_gate(gate, up, 0) if self._feeds_matvec(gate) else self._act_gate16(_swiglu, gate, up)
+
+    def swiglu_oai(self, gate, up, alpha, limit):
+        y = cp.empty(gate.shape, cp.float32)
+        _swiglu_oai(cp.ascontiguousarray(gate, dtype=cp.float32), cp.ascontiguousarray(up, dtype=cp.float32),
+                    np.float32(alpha), np.float32(limit), y)
+        return y
 
     def gelu_gate(self, gate, up):
         return self._act_gate(gate, up, 1) if self._feeds_matvec(gate) else self._act_gate16(_gelu, gate, up)

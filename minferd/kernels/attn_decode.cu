@@ -277,7 +277,8 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
 template <int D>
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ part_ml, float* __restrict__ out,
-                  int hq, int splits, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+                  int hq, int splits, const float* __restrict__ sinks, signed char* __restrict__ xq,
+                  float2* __restrict__ xds, int kbp) {
   pdl_enter();
   constexpr int V4 = D / 4;
   constexpr int SGMAX = MERGE_THREADS / V4;
@@ -316,6 +317,9 @@ attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ p
       S += lj[j] * w;
     }
     S = warp_sum(S);
+    // gpt-oss's sink: one more logit of the head in the softmax's denominator, with no value. It
+    // is unscaled; M is in the kernels' log2 domain (scale * log2 e folded into the scores).
+    if (sinks) S += exp2f(__ldg(sinks + h) * 1.4426950408889634f - M);
     if (tid == 0) inv_s = S > 0.f ? 1.0f / S : 0.f;
   }
   __syncthreads();

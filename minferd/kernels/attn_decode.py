@@ -178,7 +178,7 @@ def _xq_args(cp, xq, B: int, K: int) -> tuple:
 
 
 def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size: int, window: int, scale: float,
-                splits: int, xq=None) -> None:
+                splits: int, xq=None, sinks=None) -> None:
     """See the module doc. q (B, hq, d) f32; k_cache, v_cache (n_slots, hkv, d) f16; block_tables
     (B, max_blocks) int32; ctx_lens (B,) int32; out (B, hq * d) f32; all C-contiguous cupy arrays
     on the current device. Raises ValueError naming the first argument that does not fit."""
@@ -224,6 +224,12 @@ def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size:
     if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or not 1 <= splits <= MAX_SPLITS:
         _fail(f"splits {splits}: an int in 1..{MAX_SPLITS}")
     xargs = _xq_args(cp, xq, B, hq * d)
+    sink = np.uint64(0)
+    if sinks is not None:  # gpt-oss: the merge adds them, so there is one (an empty split weighs 0)
+        _check_array(cp, sinks, "sinks", np.float32, 1)
+        if sinks.shape != (hq,):
+            _fail(f"sinks {tuple(sinks.shape)}, expected ({hq},)")
+        sink, splits = np.uint64(sinks.data.ptr), max(2, splits)
 
     if splits == 1:  # nothing to merge: the partials kernel finishes out (and its int8 form) itself
         _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, 1, None, None, block_size, window, scale,
@@ -232,7 +238,7 @@ def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size:
     part_o = cp.empty((B, hq, splits, d), cp.float32)
     part_ml = cp.empty((B, hq, splits, 2), cp.float32)
     _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, part_ml, block_size, window, scale)
-    _launch_merge(part_o, part_ml, out, xargs)
+    _launch_merge(part_o, part_ml, out, xargs, sink)
 
 
 _NONE = (np.uint64(0), np.uint64(0), np.int32(0))
@@ -262,19 +268,20 @@ def _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, p
         _split_fn(d, gm)(grid, (THREADS,), args, shared_mem=smem_bytes(d, gm))
 
 
-def _launch_merge(part_o, part_ml, out, xargs):
+def _launch_merge(part_o, part_ml, out, xargs, sinks=np.uint64(0)):
     """The merge kernel alone: D/4 float4 columns x split groups (at least 4, so the first D
     threads exist to finish; at most what MERGE_THREADS holds, or one group per split)."""
     B, hq, splits, d = part_o.shape
     v4 = d // 4
     groups = max(4, min(MERGE_THREADS // v4, splits))
-    _merge_fn(d)((B * hq,), (v4 * groups,), (part_o, part_ml, out, np.int32(hq), np.int32(splits)) + xargs)
+    _merge_fn(d)((B * hq,), (v4 * groups,), (part_o, part_ml, out, np.int32(hq), np.int32(splits), sinks) + tuple(xargs))
 
 
 def attn_decode_ref(q, k_cache, v_cache, block_tables, ctx_lens, *, block_size: int, window: int,
-                    scale: float) -> np.ndarray:
+                    scale: float, sinks=None) -> np.ndarray:
     """What attn_decode computes, in float64 NumPy: (B, hq * d). Takes NumPy arrays (the
     argument meanings of attn_decode)."""
+    sink = None if sinks is None else np.asarray(sinks, np.float64)
     q = np.asarray(q, np.float64)
     k = np.asarray(k_cache)
     v = np.asarray(v_cache)
@@ -295,9 +302,11 @@ def attn_decode_ref(q, k_cache, v_cache, block_tables, ctx_lens, *, block_size: 
         vb = v[slots].astype(np.float64)
         qb = q[b].reshape(hkv, g, d)
         s = np.einsum("kgd,lkd->kgl", qb, kb) * scale
-        s -= s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
+        mx = s.max(axis=-1, keepdims=True) if sink is None else \
+            np.maximum(s.max(axis=-1, keepdims=True), sink.reshape(hkv, g, 1))
+        p = np.exp(s - mx)
+        extra = 0.0 if sink is None else np.exp(sink.reshape(hkv, g, 1) - mx)
+        p /= p.sum(axis=-1, keepdims=True) + extra
         out[b] = np.einsum("kgl,lkd->kgd", p, vb).reshape(hq * d)
     return out
 

@@ -64,7 +64,8 @@ template <int D, int BK, bool PAGED>
 __global__ void __launch_bounds__(128)
 attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const __half* __restrict__ Vc,
              float* __restrict__ out, int n, int hq, int hkv, int slots, int first, int lo, int window,
-             float qscale, const int* __restrict__ table, int bs, const int* __restrict__ dims) {
+             float qscale, const int* __restrict__ table, int bs, const int* __restrict__ dims,
+             const float* __restrict__ sinks) {
   pdl_enter();
   typedef Smem<D, BK> S;
   constexpr int ROW = S::ROW, BQ = S::BQ, NT = BK / 8, DT = D / 8, KS = D / 16;
@@ -224,8 +225,10 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
   for (int j = 0; j < 2; ++j) {
     const int row = q0 + wr + g + 8 * j;
     if (row >= n) continue;
+    // gpt-oss's sink joins the denominator (unscaled; m is in the log2 domain of the scores).
+    const float lj = sinks ? l[j] + exp2f(__ldg(sinks + h) * 1.4426950408889634f - m[j]) : l[j];
     // Every query sees at least its own key: l > 0. A padding row (PAGED) is zeros.
-    const float inv = row < nv ? 1.0f / l[j] : 0.f;
+    const float inv = row < nv ? 1.0f / lj : 0.f;
     float* dst = out + row * qstride + (long long)h * D + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)

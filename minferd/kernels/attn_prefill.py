@@ -49,9 +49,19 @@ def _check(q, K, V, out) -> None:
         raise ValueError(f"attn_prefill: out must be C-contiguous float32 {(n, hq * d)}")
 
 
-def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float) -> None:
+def _sinks_ptr(sinks, hq: int) -> np.uint64:
+    """sinks: None, or (hq,) f32 on the device: a logit per query head in its softmax's denominator."""
+    if sinks is None:
+        return np.uint64(0)
+    if sinks.dtype != np.float32 or sinks.shape != (hq,) or not sinks.flags.c_contiguous:
+        raise ValueError(f"attention sinks must be C-contiguous float32 ({hq},), got {sinks.dtype} {tuple(sinks.shape)}")
+    return np.uint64(sinks.data.ptr)
+
+
+def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float, sinks=None) -> None:
     """out (n, hq * d) f32 = attention of q (n, hq, d) f32 at positions first..first+n-1 over the
-    cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none."""
+    cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none;
+    sinks (hq,) f32: gpt-oss's extra logit per head (see _sinks_ptr)."""
     _check(q, K, V, out)
     n, hq, d = q.shape
     slots, hkv = K.shape[0], K.shape[1]
@@ -60,10 +70,11 @@ def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float
     qscale = np.float32(scale * math.log2(math.e))  # the kernel takes exp2
     _fn(d)(((n + BQ - 1) // BQ, hq), (128,),
            (q, K, V, out, np.int32(n), np.int32(hq), np.int32(hkv), np.int32(slots), np.int32(first),
-            np.int32(lo), np.int32(window), qscale, np.uint64(0), np.int32(0), np.uint64(0)), shared_mem=smem_bytes(d))
+            np.int32(lo), np.int32(window), qscale, np.uint64(0), np.int32(0), np.uint64(0), _sinks_ptr(sinks, hq)),
+           shared_mem=smem_bytes(d))
 
 
-def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: int, scale: float) -> None:
+def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: int, scale: float, sinks=None) -> None:
     """out (n, hq * d) f32 = attention of one sequence's queries q (n, hq, d) f32 over its keys
     through `table` (int32 block ids; K, V: (blocks * block_size, hkv, d) f16), with first and the
     number of real queries read from the device: dims (int32) = [first, count]. Rows from count
@@ -80,4 +91,5 @@ def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: in
     qscale = np.float32(scale * math.log2(math.e))
     _fn(d, True)(((n + BQ - 1) // BQ, hq), (128,),
                  (q, K, V, out, np.int32(n), np.int32(hq), np.int32(K.shape[1]), np.int32(K.shape[0]), np.int32(0),
-                  np.int32(0), np.int32(window), qscale, table, np.int32(block_size), dims), shared_mem=smem_bytes(d))
+                  np.int32(0), np.int32(window), qscale, table, np.int32(block_size), dims, _sinks_ptr(sinks, hq)),
+                 shared_mem=smem_bytes(d))

@@ -19,7 +19,9 @@ SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 
 class GptOssModel(LlamaModel):
-    backends = ("cpu",)  # the CUDA backend has no sink or YaRN kernels yet: refused at load
+    # CUDA has the parts now (sinks in the attention kernels, YaRN as freq factors, swiglu_oai):
+    # refused there at load until tests/cuda/test_gpt_oss_cuda.py has passed on a GPU.
+    backends = ("cpu",)
     graph_safe = False  # the MoE routing is decided on the host, a layer at a time
 
     @classmethod
