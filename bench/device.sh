@@ -22,7 +22,8 @@
 #            repeats each model once per setting (any one VAR=value each)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M) pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
-#            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB")
+#            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB");
+#            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -190,8 +191,13 @@ if [ "$stage" = moe ]; then
     python3 -m minferd.cli plan /tmp/q30b.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
   done
   wait $build; built=$?
-  timeout 300 python3 bench/bench.py /tmp/q30b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512,2048 -n 128 -r 3 \
-    --json "$OUT/moe-bench.json" 2>&1 | tee "$OUT/moe-bench.log" | tail -12
+  # AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1": the bench once per setting.
+  for v in ${AB:-default}; do
+    set_=""; tag=""; [ "$v" = default ] || { set_=$v; tag="-${v//=/}"; }
+    echo "# $v" | tee -a "$OUT/moe-bench.log"
+    env $set_ timeout ${MOE_LIMIT:-300} python3 bench/bench.py /tmp/q30b.gguf --device cuda --paths ${PATHS:-w16,mmq} \
+      -p 512,2048 -n 128 -r ${REPS:-3} --json "$OUT/moe-bench$tag.json" 2>&1 | tee -a "$OUT/moe-bench.log" | tail -12
+  done
   [ $built = 0 ] && /tmp/llama/build/bin/llama-bench -m /tmp/q30b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
     2>&1 | tee "$OUT/llama-bench.log" | tail -8
 fi
