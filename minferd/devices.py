@@ -51,6 +51,18 @@ class DeviceTraits:
         return cuda_scratch_bytes(spec, ctx, max_batch or self.max_batch)
 
 
+def moe_grouped_bytes(spec, n: int) -> int:
+    """A mixture's prefill of n tokens as grouped GEMMs (backend/cuda_moe.prefill): its n * k picks
+    laid out by expert in whole tiles (at most BM - 1 padding rows an expert), the gathered f16
+    input, gate, up, the activation (f32 and f16), down, and the picks' outputs taken back."""
+    if not getattr(spec, "n_expert", 0):
+        return 0
+    from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG  # NumPy only
+    picks = n * spec.n_expert_used
+    rows = picks + spec.n_expert * (CONFIGS[GROUPED_CONFIG][0] - 1)
+    return rows * (spec.hidden * 2 + spec.expert_ffn * (3 * 4 + 2) + spec.hidden * 4) + picks * spec.hidden * 4
+
+
 def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     """An upper bound of what one forward pass of max_batch tokens holds at once on the CUDA
     backend (its arena): activations in f32 and f16, the attention's buffers, a dequantized
@@ -84,7 +96,8 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
     decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
     decode += 3 * GRAPH_UNPACK_BYTES
-    total = int(1.25 * (act + attn + tile + logits + decode)) + (16 << 20) + CUBLAS_WORKSPACE_BYTES
+    total = int(1.25 * (act + attn + tile + logits + decode + moe_grouped_bytes(spec, n))) + (16 << 20) \
+        + CUBLAS_WORKSPACE_BYTES
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 
 

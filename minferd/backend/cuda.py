@@ -190,9 +190,12 @@ class CudaBackend(CudaMatmuls, Backend):
     # ---- what Backend.moe (backend/moe.py, expert by expert) runs on ----------------------
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
-        """Decode rows route on the device (cuda_moe, graph-safe); the rest expert by expert."""
+        """Decode rows route on the device (cuda_moe, graph-safe), prefills run grouped GEMMs;
+        what neither covers (gpt-oss) goes expert by expert."""
         if cuda_moe.covers(x.shape[0], router_bias, exps_bias, oai_glu):
             return cuda_moe.moe(self, x, router, gate_exps, up_exps, down_exps, k, residual, norm_topk)
+        if cuda_moe.covers_grouped((gate_exps, up_exps, down_exps), router_bias, exps_bias, oai_glu):
+            return cuda_moe.prefill(self, x, router, gate_exps, up_exps, down_exps, k, residual, norm_topk)
         return super().moe(x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu,
                            norm_topk)
 

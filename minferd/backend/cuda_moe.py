@@ -1,20 +1,30 @@
-"""The CUDA backend's MoE MLP for decode rows: routed on the device, so it can be captured.
+"""The CUDA backend's MoE MLP in few launches: decode rows routed on the device (graph-safe),
+prefill as grouped GEMMs.
 
 Up to MAX_ROWS tokens, a layer is seven launches and no host round trip: the router's logits
 (mat-vec), moe.topk (each token's k experts and their weights, on the device), gate and up as
 mmvq_ids over those ids (each pick reads only its expert's bytes, x quantized once), the gated
 activation (which leaves its output in the mat-vec format), down as mmvq_ids, and moe.combine
-(the weighted sum onto the residual). backend/moe.py's by_expert, which routes on the host a
-layer at a time, stays for prefill and for what this does not cover (gpt-oss's biases and
-gated activation). Its CPU reference is by_expert (tests/cuda/test_moe_cuda.py).
+(the weighted sum onto the residual).
+
+Past MAX_ROWS (prefill) the routing comes to the host once a layer, as by_expert's does, to lay
+the picks out by expert in whole tiles (backend/moe.py's align); then each projection is ONE
+fused_b_grouped launch over every expert's tile (the tile's expert read on the device), the
+activation one launch over all picks, and combine the weighted sum: ~9 launches a layer where
+by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens: all 128 of them, each layer).
+backend/moe.py's by_expert stays for what neither covers (gpt-oss's biases and gated
+activation). The CPU reference of both is by_expert (tests/cuda/test_moe_device.py).
 """
 from __future__ import annotations
 
 import cupy as cp
+import numpy as np
 
 from minferd.backend.base import Weight
+from minferd.backend.moe import align, route
 from minferd.config import valve
 from minferd.kernels import moe as moe_kernels
+from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
 from minferd.kernels.mmvq import MAX_COLS, mmvq_ids
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
@@ -27,7 +37,14 @@ def enabled() -> bool:
 
 
 def covers(n: int, router_bias=None, exps_bias=None, oai_glu=None) -> bool:
+    """Decode rows this module routes on the device."""
     return enabled() and n <= MAX_ROWS and router_bias is None and exps_bias is None and oai_glu is None
+
+
+def covers_grouped(exps: tuple[Weight, ...], router_bias=None, exps_bias=None, oai_glu=None) -> bool:
+    """A prefill this module runs as grouped GEMMs."""
+    return enabled() and router_bias is None and exps_bias is None and oai_glu is None \
+        and all(w.qtype.name in GROUPED_TYPES for w in exps)
 
 
 def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
@@ -50,4 +67,34 @@ def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int):
     rows = w.shape[1]  # (K, R, n_expert): each expert is R rows of w.data
     out = cp.empty((ids.shape[0], rows), cp.float32)
     mmvq_ids(w.qtype, w.data, n_expert, x, ids, xdiv, out, scratch=scratch)
+    return out
+
+
+BM = GEMM_CONFIGS[GROUPED_CONFIG][0]  # fused_b_grouped's tile of rows: align pads each expert to it
+
+
+def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
+            residual=None, norm_topk: bool = True):
+    """Backend.moe's contract for any rows, as grouped GEMMs (the module doc)."""
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    n, n_expert = x.shape[0], router.n_rows
+    top, p = route(be.to_host(be.matmul(x, router)), k, norm_topk)  # the layer's one host round trip
+    rows, tile_expert, pick_row = align(top, n_expert, BM)
+    M, T, P = rows.size, tile_expert.size, n * k
+    # One copy up (a copy from the host waits for the stream): rows, tiles, picks, weights.
+    buf = be.to_device(np.concatenate([rows, tile_expert, pick_row, p.ravel().astype(np.float32).view(np.int32)]))
+    rows_d, tiles_d, picks_d = buf[:M], buf[M:M + T], buf[M + T:M + T + P]
+    wts = buf[M + T + P:].view(cp.float32)
+    xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (M, hidden) f16, each expert's tokens in its tiles
+    g = _grouped(gate_exps, n_expert, xg, tiles_d)
+    u = _grouped(up_exps, n_expert, xg, tiles_d)
+    h = be.swiglu(g, u)  # leaves its f16 rounding for the down projection (be._as_f16 finds it)
+    y = _grouped(down_exps, n_expert, be._as_f16(h), tiles_d)
+    res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
+    return moe_kernels.combine(cp.take(y, picks_d, axis=0), wts, k, res)
+
+
+def _grouped(w: Weight, n_expert: int, x16, tiles):
+    out = cp.empty((x16.shape[0], w.shape[1]), cp.float32)
+    fused_b_grouped(w.qtype, w.data, n_expert, x16, tiles, out)
     return out

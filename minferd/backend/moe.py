@@ -40,6 +40,28 @@ def groups(top: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(picks[order], np.arange(n_expert + 1))
 
 
+def align(top: np.ndarray, n_expert: int, bm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The picks laid out for a grouped GEMM (one launch per projection): each expert's picks in
+    a run of rows padded to whole tiles of bm. Returns (token of each padded row, padding rows
+    repeating their tile's first token; the expert of each tile; each pick's row, picks in
+    top.ravel() order, token-major). A tile's rows all belong to one expert."""
+    n, k = top.shape
+    order, bounds = groups(top, n_expert)
+    counts = np.diff(bounds)
+    tiles = -(-counts // bm)
+    tile_expert = np.repeat(np.arange(n_expert, dtype=np.int32), tiles)
+    start = np.concatenate([[0], np.cumsum(tiles * bm)]).astype(np.int64)  # each expert's first row
+    rows = np.empty(int(start[-1]), np.int32)
+    pick_row = np.empty(n * k, np.int32)
+    for e in np.flatnonzero(counts):
+        mine = order[bounds[e]:bounds[e + 1]]
+        r0 = int(start[e])
+        rows[r0:r0 + mine.size] = mine // k
+        rows[r0 + mine.size:r0 + tiles[e] * bm] = mine[0] // k
+        pick_row[mine] = np.arange(r0, r0 + mine.size, dtype=np.int32)
+    return rows, tile_expert, pick_row
+
+
 def expert(w: Weight, e: int) -> Weight:
     """Expert e of a stacked (K, R, n_expert) tensor as a (K, R) matrix: rows e*R .. (e+1)*R."""
     r = w.shape[1]

@@ -135,7 +135,7 @@ def _check_x_out(x16, out, N: int, what: str):
     return M, K
 
 
-def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream):
+def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream, tile_expert=None, expert_bytes=0):
     if M == 0 or N == 0:
         return
     cname = config or pick_config(M, N, qt)
@@ -146,7 +146,8 @@ def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream):
         raise ValueError(f"gemm_f16: config {cname} needs {smem} bytes of shared memory")
     threads = (bm // wm) * (bn // wn) * 32
     out_vec = int(N % 2 == 0 and out.data.ptr % 8 == 0)
-    args = (x16, w, np.int64(rb), out, np.int32(M), np.int32(N), np.int32(K), np.int32(out_vec))
+    args = (x16, w, np.int64(rb), out, np.int32(M), np.int32(N), np.int32(K), np.int32(out_vec),
+            np.uint64(0) if tile_expert is None else tile_expert, np.int64(expert_bytes))
     with _stream(stream):
         _fn(kernel_name(qt, cfg), smem)((-(-M // bm), -(-N // bn)), (threads,), args, shared_mem=smem)
 
@@ -180,3 +181,26 @@ def fused_b(qt, w, x16, out, *, stream=None, config: str | None = None) -> None:
     M, K = _check_x_out(x16, out, N, f"fused_b {qt.name}")
     rb = check_rows(qt, w, K)
     _launch(qt, w, rb, x16, out, M, N, K, config, stream)
+
+
+GROUPED_CONFIG = "S"  # an MoE's expert groups are padded to its BM (64 rows): see backend/moe.py's align
+
+
+def fused_b_grouped(qt, w, n_expert: int, x16, tile_expert, out, *, stream=None) -> None:
+    """An MoE prefill's projection in one launch: out (Mp, R) f32 row block t of BM rows =
+    x16's rows of that block @ f16(dequant(expert tile_expert[t] of w)).T. w: the stacked experts
+    (n_expert * R, row_bytes) uint8, expert e its rows e*R ..; x16 (Mp, K) f16, Mp a multiple of
+    BM (GROUPED_CONFIG's); tile_expert (Mp / BM,) int32 on the device, values < n_expert."""
+    qt = _qt(qt)
+    if qt.name not in SUPPORTED:
+        raise ValueError(f"fused_b_grouped: type {qt.name} not supported")
+    if n_expert < 1 or w.ndim != 2 or w.shape[0] % n_expert:
+        raise ValueError(f"fused_b_grouped: {tuple(w.shape)} weight rows are not {n_expert} experts' stacked")
+    R = w.shape[0] // n_expert
+    M, K = _check_x_out(x16, out, R, f"fused_b_grouped {qt.name}")
+    rb = check_rows(qt, w, K)
+    bm = CONFIGS[GROUPED_CONFIG][0]
+    if M % bm or tile_expert.dtype != np.int32 or tile_expert.shape != (M // bm,):
+        raise ValueError(f"fused_b_grouped: {M} rows in tiles of {bm} with tile_expert {tile_expert.dtype} "
+                         f"{tuple(tile_expert.shape)}")
+    _launch(qt, w, rb, x16, out, M, R, K, GROUPED_CONFIG, stream, tile_expert, R * rb)

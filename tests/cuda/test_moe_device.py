@@ -1,7 +1,8 @@
-"""MoE decode routed on the device (backend/cuda_moe.py, MINFERD_DEVICE_MOE=1) against its CPU
-references: moe.topk against backend/moe.py's route, mmvq_ids against each pick's expert
-multiplied on its own in f64, and whole decode steps of tiny qwen3moe / qwen2moe models against
-the CPU backend, qwen3moe's through a captured graph."""
+"""backend/cuda_moe.py (MINFERD_DEVICE_MOE=1) against its references: moe.topk against
+backend/moe.py's route, mmvq_ids against each pick's expert multiplied on its own in f64,
+fused_b_grouped against fused_b on each tile's expert alone (bit for bit), and tiny qwen3moe /
+qwen2moe models against the CPU backend: decode steps (qwen3moe's through a captured graph) and
+teacher-forced prefills through the grouped GEMMs."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +13,14 @@ cp = pytest.importorskip("cupy")
 from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.moe import route  # noqa: E402
 from minferd.kernels import moe as moe_kernels  # noqa: E402
+from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG, fused_b, fused_b_grouped  # noqa: E402
 from minferd.kernels.mmvq import mmvq_ids, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference, poisoned, rel_err  # noqa: E402
+from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -112,3 +115,40 @@ def test_a_decode_step_routed_on_the_device_matches_cpu(synth_model, arch, quant
     bound = 0.1 if quant == "q4_k" and path != "w16" else 2e-2  # test_moe_cuda.py's router near-ties
     assert np.abs(gpu - cpu).max() <= bound * np.abs(cpu).max()
     assert (gpu.argmax(1) == cpu.argmax(1)).mean() >= 0.8
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "MXFP4", "F16"])
+def test_fused_b_grouped_is_fused_b_on_each_tiles_expert(name, to_device):
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id)
+    E, R, bm = 5, 96, CONFIGS[GROUPED_CONFIG][0]
+    K = qt.block_elems * 2 if qt.is_quantized else 128
+    raw = random_blocks(qt, E * R, K, rng)
+    w = to_device(raw)
+    tiles = np.array([3, 0, 0, 4, 1, 3], np.int32)
+    x16 = cp.asarray(rng.standard_normal((tiles.size * bm, K)).astype(np.float16))
+    out = poisoned((tiles.size * bm, R), cp.float32)
+    fused_b_grouped(qt, w, E, x16, cp.asarray(tiles), out)
+    for t, e in enumerate(tiles):
+        want = cp.empty((bm, R), cp.float32)
+        fused_b(qt, w[e * R:(e + 1) * R], cp.ascontiguousarray(x16[t * bm:(t + 1) * bm]), want, config=GROUPED_CONFIG)
+        assert cp.array_equal(out[t * bm:(t + 1) * bm], want), f"{name} tile {t} (expert {e})"
+
+
+def test_fused_b_grouped_refuses_a_partial_tile():
+    qt = TYPES["Q8_0"]
+    w = cp.zeros((2 * 64, qt.block_bytes), cp.uint8)
+    with pytest.raises(ValueError, match="in tiles of 64"):
+        fused_b_grouped(qt, w, 2, cp.zeros((65, 32), cp.float16), cp.zeros(1, cp.int32), cp.zeros((65, 64), cp.float32))
+
+
+@pytest.mark.parametrize("matmul_path,kernel", PATH_KERNELS)
+@pytest.mark.parametrize("quant", MOE_TYPES)
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_a_grouped_prefill_matches_cpu(synth_model, arch, quant, matmul_path, kernel, monkeypatch):
+    """test_moe_cuda.py's teacher-forced comparison with every prefill MoE layer one grouped GEMM
+    a projection (64 tokens, 2 of 8 experts each) and every decode-sized pass routed on the device."""
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
+    bound = 0.1 if quant == "q4_k" and matmul_path != "w16" else 2e-2
+    assert err < bound and agree >= 0.95, (err, agree)

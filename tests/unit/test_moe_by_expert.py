@@ -56,3 +56,21 @@ def test_expert_view_is_its_rows(synth_model):
     r = w.shape[1]
     assert e.shape == (w.shape[0], r) and e.n_rows == r and e.row_elems == w.row_elems
     assert np.shares_memory(e.data, w.data) and np.array_equal(e.data, w.data[3 * r:4 * r])
+
+
+@pytest.mark.parametrize("n,E,k,bm", [(1, 8, 2, 64), (37, 8, 2, 16), (300, 128, 8, 64), (5, 4, 4, 64)])
+def test_align_lays_out_every_pick_once_in_its_experts_tiles(n, E, k, bm):
+    """moe.align: a grouped GEMM's layout. Every pick has one row, in a tile of its expert, holding
+    its token; tiles are whole and one expert each; padding rows hold a token of their tile."""
+    from minferd.backend.moe import align
+    rng = np.random.default_rng(n + E)
+    top = np.stack([rng.choice(E, k, replace=False) for _ in range(n)])
+    rows, tile_expert, pick_row = align(top, E, bm)
+    assert rows.size == tile_expert.size * bm and rows.dtype == tile_expert.dtype == pick_row.dtype == np.int32
+    assert sorted(pick_row.tolist()) == sorted(set(pick_row.tolist()))  # distinct rows
+    for p, r in enumerate(pick_row):
+        t, e = p // k, top.ravel()[p]
+        assert rows[r] == t and tile_expert[r // bm] == e
+    used = np.bincount(top.ravel(), minlength=E)
+    assert np.array_equal(np.bincount(tile_expert, minlength=E), -(-used // bm))
+    assert set(rows.tolist()) <= set(range(n))
