@@ -73,8 +73,10 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
                 rates.append((len(t) - 1) / (t[-1] - t[0]))
         if not rates:
             raise RuntimeError(f"{tries} requests all ended before {args.gen_tokens // 2} tokens")
-        device = stub.GetStatus(pb2.GetStatusRequest(), timeout=30).pool.device
-        return {"device": device, "ctx": ctx, "ttft": ttft, "decode_tok_s": statistics.median(rates),
+        status = stub.GetStatus(pb2.GetStatusRequest(), timeout=30)
+        path = next((m.matmul_path for m in status.models if m.name == serve.MODEL_NAME), "?")
+        return {"device": status.pool.device, "ctx": ctx, "matmul_path": path, "ttft": ttft,
+                "decode_tok_s": statistics.median(rates),
                 "decode_samples": rates}
     except BaseException:
         print(f"latency: daemon log, last lines:\n{log_tail(Path(daemon['log']))}", file=sys.stderr)
@@ -143,7 +145,8 @@ def llama_cpp_python_side(model: Path, args, lengths: list[int], rand) -> dict:
 
 def table(res: dict) -> str:
     ours, ref = res["minferd"], res.get("llama")
-    lines = [f"minferd latency: {res['model']} on {ours['device']} (ctx {ours['ctx']}), medians of {res['reps']}",
+    lines = [f"minferd latency: {res['model']} on {ours['device']} (ctx {ours['ctx']}, the pool's plan: "
+             f"{ours.get('matmul_path', '?')}), medians of {res['reps']}",
              f"llama.cpp: {ref['how'] if ref else 'not run'}",
              f"{'prompt':>8} {'TTFT ms':>10} {'engine ms':>10} {'llama ms':>10} {'ratio':>7}"]
     for n, t in ours["ttft"].items():
