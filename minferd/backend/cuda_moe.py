@@ -51,7 +51,7 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
         residual=None, norm_topk: bool = True):
     """Backend.moe's contract for the rows `covers` admits, through be's matmuls and activation."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    n, n_expert = x.shape[0], router.n_rows
+    n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized else None
     g = _products(gate_exps, n_expert, x, xs, ids, k)

@@ -10,17 +10,16 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.moe import route  # noqa: E402
 from minferd.kernels import moe as moe_kernels  # noqa: E402
 from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG, fused_b, fused_b_grouped  # noqa: E402
 from minferd.kernels.mmvq import mmvq_ids, quantize_x, scratch_bytes  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
-from minferd.model.loader import load_local  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference, poisoned, rel_err  # noqa: E402
 from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
+from tests.cuda.test_moe_cuda import decode_step_on_both  # noqa: E402
 
 
 @pytest.mark.parametrize("norm", [True, False])
@@ -89,29 +88,9 @@ def test_a_decode_step_routed_on_the_device_matches_cpu(synth_model, arch, quant
     """Five sequences' decode step: each row's logits the CPU backend's; qwen3moe's step a captured
     graph (no host round trip), qwen2moe's eager (its shared expert's gate goes through cuBLAS)."""
     monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
-    file = str(synth_model(arch, quant))
-    rng = np.random.default_rng(11)
-    lens = rng.integers(3, 50, 5)
-    tables = [[2 * i, 2 * i + 1] for i in range(5)]
-    pre = [(rng.integers(300, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)]
-    step = [([int(rng.integers(300, 1000))], int(n), t) for n, t in zip(lens, tables)]
-    out = []
-    for device in ("cpu", "cuda"):
-        lm = load_local(file, path, device=device, ctx=256)
-        m, be = lm.model, lm.model.be
-        cache = m.new_cache(be.untracked(), 11 * 32)
-        m.forward_batch(Batch.build(pre, 32), cache)
-        b = Batch.build(step, 32, width=8)
-        if device == "cpu":
-            out.append(be.to_host(m.forward_batch(b, cache)))
-            continue
-        first = be.to_host(be.decode(m, b, cache))
-        again = be.to_host(be.decode(m, b, cache))  # a replay (the same step again: same keys, same logits)
-        assert np.array_equal(first, again)
-        assert all(g.eager == (arch == "qwen2moe") for g in be.graphs.values())
-        out.append(first)
-    cpu, gpu = out
-    assert gpu.shape == cpu.shape == (5, m.spec.n_vocab)
+    cpu, gpu, again, be = decode_step_on_both(str(synth_model(arch, quant)), path, seed=11)
+    assert np.array_equal(gpu, again)  # the same step again: the same keys, the same logits
+    assert all(g.eager == (arch == "qwen2moe") for g in be.graphs.values())
     bound = 0.1 if quant == "q4_k" and path != "w16" else 2e-2  # test_moe_cuda.py's router near-ties
     assert np.abs(gpu - cpu).max() <= bound * np.abs(cpu).max()
     assert (gpu.argmax(1) == cpu.argmax(1)).mean() >= 0.8
