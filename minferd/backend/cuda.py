@@ -191,13 +191,13 @@ class CudaBackend(CudaMatmuls, Backend):
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
         """Decode rows route on the device (cuda_moe, graph-safe), prefills run grouped GEMMs;
-        what neither covers (gpt-oss) goes expert by expert."""
-        if cuda_moe.covers(x.shape[0], router_bias, exps_bias, oai_glu):
-            return cuda_moe.moe(self, x, router, gate_exps, up_exps, down_exps, k, residual, norm_topk)
-        if cuda_moe.covers_grouped((gate_exps, up_exps, down_exps), router_bias, exps_bias, oai_glu):
-            return cuda_moe.prefill(self, x, router, gate_exps, up_exps, down_exps, k, residual, norm_topk)
-        return super().moe(x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu,
-                           norm_topk)
+        what neither covers goes expert by expert (backend/moe.py)."""
+        args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
+        if cuda_moe.covers(x.shape[0]):
+            return cuda_moe.moe(self, *args)
+        if cuda_moe.covers_grouped((gate_exps, up_exps, down_exps)):
+            return cuda_moe.prefill(self, *args)
+        return super().moe(*args)
 
     def graph_safe(self, model, rows: int) -> bool:
         """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any

@@ -25,7 +25,7 @@ from minferd.backend.moe import align, route
 from minferd.config import valve
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
-from minferd.kernels.mmvq import MAX_COLS, mmvq_ids
+from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
 
@@ -36,31 +36,46 @@ def enabled() -> bool:
     return valve("MINFERD_DEVICE_MOE") == "1"
 
 
-def covers(n: int, router_bias=None, exps_bias=None, oai_glu=None) -> bool:
+def covers(n: int) -> bool:
     """Decode rows this module routes on the device."""
-    return enabled() and n <= MAX_ROWS and router_bias is None and exps_bias is None and oai_glu is None
+    return enabled() and n <= MAX_ROWS
 
 
-def covers_grouped(exps: tuple[Weight, ...], router_bias=None, exps_bias=None, oai_glu=None) -> bool:
+def covers_grouped(exps: tuple[Weight, ...]) -> bool:
     """A prefill this module runs as grouped GEMMs."""
-    return enabled() and router_bias is None and exps_bias is None and oai_glu is None \
-        and all(w.qtype.name in GROUPED_TYPES for w in exps)
+    return enabled() and all(w.qtype.name in GROUPED_TYPES for w in exps)
 
 
 def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-        residual=None, norm_topk: bool = True):
-    """Backend.moe's contract for the rows `covers` admits, through be's matmuls and activation."""
+        residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True):
+    """Backend.moe's contract for the rows `covers` admits, through be's matmuls and activation.
+    gpt-oss's parts: the router's bias rides in its mat-vec, each pick's expert bias row is
+    gathered by its id (be.embed reads ids on the device), swiglu_oai in place of SwiGLU."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
-    ids, wts = moe_kernels.topk(be.matmul(x, router), k, norm_topk)
+    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized else None
-    g = _products(gate_exps, n_expert, x, xs, ids, k)
-    u = _products(up_exps, n_expert, x, xs, ids, k)
-    h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
-    hs = be._xq[2] if down_exps.qtype.is_quantized else None
-    y = _products(down_exps, n_expert, h, hs, ids, 1)
+    g = _biased(be, _products(gate_exps, n_expert, x, xs, ids, k), exps_bias, 0, ids)
+    u = _biased(be, _products(up_exps, n_expert, x, xs, ids, k), exps_bias, 1, ids)
+    if oai_glu is None:
+        h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
+        hs = be._xq[2] if down_exps.qtype.is_quantized else None
+    else:
+        h = be.swiglu_oai(g, u, *oai_glu)
+        hs = be._new_xq(h) if down_exps.qtype.is_quantized else None
+        if hs is not None:
+            quantize_x(h, hs, max_rows=h.shape[0])
+    y = _biased(be, _products(down_exps, n_expert, h, hs, ids, 1), exps_bias, 2, ids)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
     return moe_kernels.combine(y, wts, k, res)
+
+
+def _biased(be, out, exps_bias, i: int, experts):
+    """out + row experts[r] of the i-th expert bias (gpt-oss: (rows, n_expert) tensors, expert e's
+    bias their row e), where the model has them."""
+    if exps_bias is not None:
+        out += be.embed(experts, exps_bias[i])
+    return out
 
 
 def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int):
@@ -74,11 +89,12 @@ BM = GEMM_CONFIGS[GROUPED_CONFIG][0]  # fused_b_grouped's tile of rows: align pa
 
 
 def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-            residual=None, norm_topk: bool = True):
-    """Backend.moe's contract for any rows, as grouped GEMMs (the module doc)."""
+            residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True):
+    """Backend.moe's contract for any rows, as grouped GEMMs (the module doc); gpt-oss's parts as
+    moe's, each tile's rows taking the bias of the tile's expert."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n, n_expert = x.shape[0], router.n_rows
-    top, p = route(be.to_host(be.matmul(x, router)), k, norm_topk)  # the layer's one host round trip
+    top, p = route(be.to_host(be.matmul(x, router, router_bias)), k, norm_topk)  # the layer's one host round trip
     rows, tile_expert, pick_row = align(top, n_expert, BM)
     M, T, P = rows.size, tile_expert.size, n * k
     # One copy up (a copy from the host waits for the stream): rows, tiles, picks, weights.
@@ -86,10 +102,13 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     rows_d, tiles_d, picks_d = buf[:M], buf[M:M + T], buf[M + T:M + T + P]
     wts = buf[M + T + P:].view(cp.float32)
     xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (M, hidden) f16, each expert's tokens in its tiles
-    g = _grouped(gate_exps, n_expert, xg, tiles_d)
-    u = _grouped(up_exps, n_expert, xg, tiles_d)
-    h = be.swiglu(g, u)  # leaves its f16 rounding for the down projection (be._as_f16 finds it)
-    y = _grouped(down_exps, n_expert, be._as_f16(h), tiles_d)
+    row_expert = None if exps_bias is None else cp.repeat(tiles_d, BM)
+    g = _biased(be, _grouped(gate_exps, n_expert, xg, tiles_d), exps_bias, 0, row_expert)
+    u = _biased(be, _grouped(up_exps, n_expert, xg, tiles_d), exps_bias, 1, row_expert)
+    # SwiGLU leaves its f16 rounding for the down projection (be._as_f16 finds it); swiglu_oai
+    # does not, and _as_f16 makes it.
+    h = be.swiglu(g, u) if oai_glu is None else be.swiglu_oai(g, u, *oai_glu)
+    y = _biased(be, _grouped(down_exps, n_expert, be._as_f16(h), tiles_d), exps_bias, 2, row_expert)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
     return moe_kernels.combine(cp.take(y, picks_d, axis=0), wts, k, res)
 

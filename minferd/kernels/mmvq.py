@@ -195,9 +195,12 @@ def _stream(stream):
     return stream if stream is not None else contextlib.nullcontext()
 
 
-def quantize_x(x, scratch, *, stream=None) -> None:
-    """x (n, K) f32 -> scratch: per 32 elements (d, exact sum) and int8 hi/lo planes."""
-    _check_x(x)
+def quantize_x(x, scratch, *, stream=None, max_rows: int = MAX_COLS) -> None:
+    """x (n, K) f32 -> scratch: per 32 elements (d, exact sum) and int8 hi/lo planes. max_rows:
+    mmvq reads at most 8; mmvq_ids reads one row a pick, so an MoE's picks may be more."""
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or not 1 <= x.shape[0] <= max_rows:
+        _check_x(x)  # names the problem
+        raise ValueError(f"mmvq: {x.shape[0]} rows to quantize, at most {max_rows}")
     n, K = x.shape
     if K % 32:
         raise ValueError(f"mmvq: K = {K} is not a multiple of 32")

@@ -78,8 +78,10 @@ def test_swiglu_oai_is_the_cpu_backends(synth_model):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("device_moe", ["0", "1"])  # expert by expert; grouped GEMMs and device routing
 @pytest.mark.parametrize("matmul_path", ["w16", "mmq"])
-def test_tiny_gpt_oss_matches_cpu(synth_model, matmul_path, monkeypatch):
+def test_tiny_gpt_oss_matches_cpu(synth_model, matmul_path, device_moe, monkeypatch):
     monkeypatch.setattr(MODELS["gpt-oss"], "backends", ("cpu", "cuda"))  # refused on CUDA until this passes
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", device_moe)
     err, agree = teacher_forced(synth_model("gpt-oss", "q8_0"), n_tok=48, matmul_path=matmul_path)
     assert err < 2e-2 and agree >= 0.95, (err, agree)
