@@ -181,6 +181,33 @@ template <> struct TcW<T_Q8_0> {
   }
 };
 
+// Q5_0, 22 B (2-aligned): d, qh (the 32 elements' fifth bits, a u32 at byte 2), 16 bytes of
+// nibbles: element i < 16 the low nibble of qs[i] and fifth bit i, element i + 16 the high one
+// and bit i + 16; value d * (q - 16). Step k (0, 1): elements 16k + 4c .. +3, the same four
+// bytes of qs for both steps (low nibbles, then high). q + 1024 is exact in f16, as for Q8_0.
+template <> struct TcW<T_Q5_0> {
+  static constexpr int QK = 32, BB = 22, STEPS = 2;
+  static constexpr bool XPAIR = false;
+  u32 qs, hc;  // the lane's four bytes of nibbles; qh >> 4c (step k's fifth bits at 16k .. +3)
+  u16 dh;
+  __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    dh = ld16(b);
+    hc = ((u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16)) >> (4 * c);
+    qs = (reinterpret_cast<size_t>(b) & 3) == 2 ? ld32<true>(b + 6 + 4 * c) : ld32<false>(b + 6 + 4 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const u32 h = (hc >> (16 * k)) & 15u;  // bit j: element j's fifth bit, to bit 4 of byte j
+    const u32 q = ((qs >> (4 * k)) & M4) | ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+    const u32 s = (u32)dh * 0x10001u, off = 0x64106410u;  // 1024 + 16 in each half
+    u32 lo, hi;
+    magic_pairs(q, lo, hi);
+    p0 = hmul2(hsub2(lo, off), s);
+    p1 = hmul2(hsub2(hi, off), s);
+  }
+};
+
 // B registers of a lane from 4 consecutive f16 of x at p (8-aligned, the staged copy): (e0, e1)
 // and (e2, e3).
 __device__ __forceinline__ void x_frag(const u16* p, u32& b0, u32& b1) {

@@ -175,6 +175,7 @@ extern "C" int sdec(int t, const u8* w, int rows, int K, float* out) {
 extern "C" int tc(int t, const u8* w, int rows, int K, const u16* x16, int M, float* out) {
   misaligned = 0;
   switch (t) {
+    case 6: tcgemv_rows<6>(w, rows, K, x16, M, out); break;
     case 8: tcgemv_rows<8>(w, rows, K, x16, M, out); break;
     case 12: tcgemv_rows<12>(w, rows, K, x16, M, out); break;
     case 14: tcgemv_rows<14>(w, rows, K, x16, M, out); break;

@@ -22,6 +22,11 @@ from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import CUDA_TYPES, TYPES, row_bytes
 from minferd.kernels.quantize_ref import quantize_x_ref
 from minferd.kernels.random_blocks import random_blocks
+from minferd.kernels.tcgemv import SUPPORTED as _TC_SUPPORTED
+
+
+def tcgemv_types():
+    return _TC_SUPPORTED
 
 SHIM = Path(__file__).resolve().parents[1] / "host" / "kernels_host.cpp"
 P = ctypes.c_void_p
@@ -134,7 +139,7 @@ def test_new_decoders_on_every_byte_pattern(lib, name):
         assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32)), (name, start)
 
 
-@pytest.mark.parametrize("name", ("Q4_K", "Q6_K", "Q8_0"))
+@pytest.mark.parametrize("name", sorted(tcgemv_types()))
 @pytest.mark.parametrize("M", (1, 9, 17))
 def test_tcgemv_fragments_match_f64(lib, name, M):
     """tcgemv.cu's decode into f16 mma fragments (TcW's fetch, frag and xoff) and its B loads
