@@ -181,10 +181,63 @@ template <> struct TcW<T_Q8_0> {
   }
 };
 
-// Q5_0, 22 B (2-aligned): d, qh (the 32 elements' fifth bits, a u32 at byte 2), 16 bytes of
-// nibbles: element i < 16 the low nibble of qs[i] and fifth bit i, element i + 16 the high one
-// and bit i + 16; value d * (q - 16). Step k (0, 1): elements 16k + 4c .. +3, the same four
-// bytes of qs for both steps (low nibbles, then high). q + 1024 is exact in f16, as for Q8_0.
+// The 32-element types with nibbles (Q4_0, Q4_1, Q5_0, Q5_1): element i < 16 the low nibble of
+// qs[i], element i + 16 the high one (and, for the Q5s, fifth bit i or i + 16 of the u32 qh).
+// Step k (0, 1): elements 16k + 4c .. +3, the same four bytes of qs for both steps (low nibbles,
+// then high). (1024 + q) is exact in f16, as for Q8_0.
+// The low 4 bits of h, bit j to bit 4 of byte j: the fifth bits beside the nibbles.
+__device__ __forceinline__ u32 fifth_bits(u32 h) {
+  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+// q's four bytes (0..31 each) times the f16 scale pair s, less off (1024 + the type's zero point).
+__device__ __forceinline__ void scaled(u32 q, u32 s, u32 off, u32& p0, u32& p1) {
+  u32 lo, hi;
+  magic_pairs(q, lo, hi);
+  p0 = hmul2(hsub2(lo, off), s);
+  p1 = hmul2(hsub2(hi, off), s);
+}
+// q's four bytes times d plus m, f16 pairs (d, d) and (m, m): one rounding, in the FMA.
+__device__ __forceinline__ void affine(u32 q, u32 d2, u32 m2, u32& p0, u32& p1) {
+  u32 lo, hi;
+  magic_pairs(q, lo, hi);
+  p0 = hfma2(hsub2(lo, MAGIC_H2), d2, m2);
+  p1 = hfma2(hsub2(hi, MAGIC_H2), d2, m2);
+}
+
+// Q4_0, 18 B (2-aligned): d, 16 bytes of nibbles; value d * (q - 8).
+template <> struct TcW<T_Q4_0> {
+  static constexpr int QK = 32, BB = 18, STEPS = 2;
+  static constexpr bool XPAIR = false;
+  u32 qs;
+  u16 dh;
+  __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    dh = ld16(b);
+    qs = (reinterpret_cast<size_t>(b) & 3) == 2 ? ld32<true>(b + 2 + 4 * c) : ld32<false>(b + 2 + 4 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    scaled((qs >> (4 * k)) & M4, (u32)dh * 0x10001u, 0x64086408u, p0, p1);  // 1024 + 8
+  }
+};
+
+// Q4_1, 20 B (4-aligned): d, m, 16 bytes of nibbles; value d * q + m.
+template <> struct TcW<T_Q4_1> {
+  static constexpr int QK = 32, BB = 20, STEPS = 2;
+  static constexpr bool XPAIR = false;
+  u32 dm, qs;
+  __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    dm = ld32_a4(b);
+    qs = ld32_a4(b + 4 + 4 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    affine((qs >> (4 * k)) & M4, bcast_lo(dm), bcast_hi(dm), p0, p1);
+  }
+};
+
+// Q5_0, 22 B (2-aligned): d, qh (a u32 at byte 2), 16 bytes of nibbles; value d * (q - 16).
 template <> struct TcW<T_Q5_0> {
   static constexpr int QK = 32, BB = 22, STEPS = 2;
   static constexpr bool XPAIR = false;
@@ -198,13 +251,25 @@ template <> struct TcW<T_Q5_0> {
     qs = (reinterpret_cast<size_t>(b) & 3) == 2 ? ld32<true>(b + 6 + 4 * c) : ld32<false>(b + 6 + 4 * c);
   }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
-    const u32 h = (hc >> (16 * k)) & 15u;  // bit j: element j's fifth bit, to bit 4 of byte j
-    const u32 q = ((qs >> (4 * k)) & M4) | ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
-    const u32 s = (u32)dh * 0x10001u, off = 0x64106410u;  // 1024 + 16 in each half
-    u32 lo, hi;
-    magic_pairs(q, lo, hi);
-    p0 = hmul2(hsub2(lo, off), s);
-    p1 = hmul2(hsub2(hi, off), s);
+    const u32 q = ((qs >> (4 * k)) & M4) | fifth_bits((hc >> (16 * k)) & 15u);
+    scaled(q, (u32)dh * 0x10001u, 0x64106410u, p0, p1);  // 1024 + 16
+  }
+};
+
+// Q5_1, 24 B (4-aligned): d, m, qh, 16 bytes of nibbles; value d * q + m.
+template <> struct TcW<T_Q5_1> {
+  static constexpr int QK = 32, BB = 24, STEPS = 2;
+  static constexpr bool XPAIR = false;
+  u32 dm, qs, hc;
+  __device__ __forceinline__ static int xoff(int k, int c) { return 16 * k + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    dm = ld32_a4(b);
+    hc = ld32_a4(b + 4) >> (4 * c);
+    qs = ld32_a4(b + 8 + 4 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    affine(((qs >> (4 * k)) & M4) | fifth_bits((hc >> (16 * k)) & 15u), bcast_lo(dm), bcast_hi(dm), p0, p1);
   }
 };
 

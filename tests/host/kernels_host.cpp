@@ -175,7 +175,10 @@ extern "C" int sdec(int t, const u8* w, int rows, int K, float* out) {
 extern "C" int tc(int t, const u8* w, int rows, int K, const u16* x16, int M, float* out) {
   misaligned = 0;
   switch (t) {
+    case 2: tcgemv_rows<2>(w, rows, K, x16, M, out); break;
+    case 3: tcgemv_rows<3>(w, rows, K, x16, M, out); break;
     case 6: tcgemv_rows<6>(w, rows, K, x16, M, out); break;
+    case 7: tcgemv_rows<7>(w, rows, K, x16, M, out); break;
     case 8: tcgemv_rows<8>(w, rows, K, x16, M, out); break;
     case 12: tcgemv_rows<12>(w, rows, K, x16, M, out); break;
     case 14: tcgemv_rows<14>(w, rows, K, x16, M, out); break;
