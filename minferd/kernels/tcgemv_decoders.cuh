@@ -58,6 +58,25 @@ static inline u32 bcast_lo(u32 v) { return (v & 0xFFFFu) * 0x10001u; }
 static inline u32 bcast_hi(u32 v) { return (v >> 16) * 0x10001u; }
 #endif
 
+// The low 4 bits of h, bit j to bit 4 of byte j: the fifth bits beside the nibbles.
+__device__ __forceinline__ u32 fifth_bits(u32 h) {
+  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+// q's four bytes (0..31 each) times the f16 scale pair s, less off (1024 + the type's zero point).
+__device__ __forceinline__ void scaled(u32 q, u32 s, u32 off, u32& p0, u32& p1) {
+  u32 lo, hi;
+  magic_pairs(q, lo, hi);
+  p0 = hmul2(hsub2(lo, off), s);
+  p1 = hmul2(hsub2(hi, off), s);
+}
+// q's four bytes times d plus m, f16 pairs (d, d) and (m, m): one rounding, in the FMA.
+__device__ __forceinline__ void affine(u32 q, u32 d2, u32 m2, u32& p0, u32& p1) {
+  u32 lo, hi;
+  magic_pairs(q, lo, hi);
+  p0 = hfma2(hsub2(lo, MAGIC_H2), d2, m2);
+  p1 = hfma2(hsub2(hi, MAGIC_H2), d2, m2);
+}
+
 template <int TYPE> struct TcW;
 
 // A u32 at p, 4-aligned when A4, else 2-aligned (two u16 loads).
@@ -145,11 +164,8 @@ template <> struct TcW<T_Q6_K> {
     const u32 lw = ql[h][r & 1][is] >> (4 * (r >> 1)), hw = qh[h][is] >> (2 * r);
     const float sf = h2f(dh) * (float)(int)(i8)(sc[si >> 2] >> (8 * (si & 3)));
     const u32 s = pack_h2(sf, sf);
-    const u32 off = 0x64206420u;  // 1024 + 32 in each half: (1024 + q) - 1056 = q - 32, exact
-    u32 lo, hi;
-    magic_pairs((lw & M4) | ((hw << 4) & 0x30303030u), lo, hi);
-    p0 = hmul2(hsub2(lo, off), s);
-    p1 = hmul2(hsub2(hi, off), s);
+    // 1024 + 32 in each half: (1024 + q) - 1056 = q - 32, exact
+    scaled((lw & M4) | ((hw << 4) & 0x30303030u), s, 0x64206420u, p0, p1);
   }
 };
 
@@ -173,11 +189,7 @@ template <> struct TcW<T_Q8_0> {
     }
   }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
-    const u32 s = (u32)dh * 0x10001u, off = 0x64806480u;  // 1024 + 128
-    u32 lo, hi;
-    magic_pairs(q[k] ^ 0x80808080u, lo, hi);
-    p0 = hmul2(hsub2(lo, off), s);
-    p1 = hmul2(hsub2(hi, off), s);
+    scaled(q[k] ^ 0x80808080u, (u32)dh * 0x10001u, 0x64806480u, p0, p1);  // 1024 + 128
   }
 };
 
@@ -185,25 +197,6 @@ template <> struct TcW<T_Q8_0> {
 // qs[i], element i + 16 the high one (and, for the Q5s, fifth bit i or i + 16 of the u32 qh).
 // Step k (0, 1): elements 16k + 4c .. +3, the same four bytes of qs for both steps (low nibbles,
 // then high). (1024 + q) is exact in f16, as for Q8_0.
-// The low 4 bits of h, bit j to bit 4 of byte j: the fifth bits beside the nibbles.
-__device__ __forceinline__ u32 fifth_bits(u32 h) {
-  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
-}
-// q's four bytes (0..31 each) times the f16 scale pair s, less off (1024 + the type's zero point).
-__device__ __forceinline__ void scaled(u32 q, u32 s, u32 off, u32& p0, u32& p1) {
-  u32 lo, hi;
-  magic_pairs(q, lo, hi);
-  p0 = hmul2(hsub2(lo, off), s);
-  p1 = hmul2(hsub2(hi, off), s);
-}
-// q's four bytes times d plus m, f16 pairs (d, d) and (m, m): one rounding, in the FMA.
-__device__ __forceinline__ void affine(u32 q, u32 d2, u32 m2, u32& p0, u32& p1) {
-  u32 lo, hi;
-  magic_pairs(q, lo, hi);
-  p0 = hfma2(hsub2(lo, MAGIC_H2), d2, m2);
-  p1 = hfma2(hsub2(hi, MAGIC_H2), d2, m2);
-}
-
 // Q4_0, 18 B (2-aligned): d, 16 bytes of nibbles; value d * (q - 8).
 template <> struct TcW<T_Q4_0> {
   static constexpr int QK = 32, BB = 18, STEPS = 2;
