@@ -119,11 +119,27 @@ template <> struct TcW<T_Q4_K> {
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
     const int j = k >> 1, p = j >> 1;
     const u32 sj = (j & 1) ? bcast_hi(s[p]) : bcast_lo(s[p]), nmj = (j & 1) ? bcast_hi(nm[p]) : bcast_lo(nm[p]);
-    const u32 w = (((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1))) & M4;
-    u32 lo, hi;
-    magic_pairs(w, lo, hi);
-    p0 = hfma2(hsub2(lo, MAGIC_H2), sj, nmj);
-    p1 = hfma2(hsub2(hi, MAGIC_H2), sj, nmj);
+    affine((((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1))) & M4, sj, nmj, p0, p1);
+  }
+};
+
+// Q5_K, 176 B (16-aligned): Q4_K's header, then qh[32] (element 32j + l's fifth bit is bit j of
+// qh[l]), then Q4_K's nibbles; the scales, mins and steps are Q4_K's.
+template <> struct TcW<T_Q5_K> : TcW<T_Q4_K> {
+  static constexpr int BB = 176;
+  uint2 qh;  // qh[8c .. 8c + 7]: the lane's elements of both steps of every sub-block
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    hdr = ld128_a16(b);
+    qh = ld64_a8(b + 16 + 8 * c);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) q[p] = ld64_a8(b + 48 + 32 * p + 8 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const int j = k >> 1, p = j >> 1;
+    const u32 sj = (j & 1) ? bcast_hi(s[p]) : bcast_lo(s[p]), nmj = (j & 1) ? bcast_hi(nm[p]) : bcast_lo(nm[p]);
+    const u32 w = ((((k & 1) ? q[p].y : q[p].x) >> (4 * (j & 1))) & M4) |
+                  (((((k & 1) ? qh.y : qh.x) >> j) & 0x01010101u) << 4);
+    affine(w, sj, nmj, p0, p1);
   }
 };
 

@@ -181,6 +181,7 @@ extern "C" int tc(int t, const u8* w, int rows, int K, const u16* x16, int M, fl
     case 7: tcgemv_rows<7>(w, rows, K, x16, M, out); break;
     case 8: tcgemv_rows<8>(w, rows, K, x16, M, out); break;
     case 12: tcgemv_rows<12>(w, rows, K, x16, M, out); break;
+    case 13: tcgemv_rows<13>(w, rows, K, x16, M, out); break;
     case 14: tcgemv_rows<14>(w, rows, K, x16, M, out); break;
     default: return 1;
   }
