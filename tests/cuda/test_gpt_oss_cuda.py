@@ -85,3 +85,17 @@ def test_tiny_gpt_oss_matches_cpu(synth_model, matmul_path, device_moe, monkeypa
     monkeypatch.setenv("MINFERD_DEVICE_MOE", device_moe)
     err, agree = teacher_forced(synth_model("gpt-oss", "q8_0"), n_tok=48, matmul_path=matmul_path)
     assert err < 2e-2 and agree >= 0.95, (err, agree)
+
+
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+def test_a_decode_step_of_tiny_gpt_oss_in_a_graph_matches_cpu(synth_model, path, monkeypatch):
+    """Five sequences' decode step routed on the device: captured (sinks, the expert biases'
+    gathers and swiglu_oai inside the graph), and each row's logits the CPU backend's."""
+    from tests.cuda.test_moe_cuda import decode_step_on_both
+    monkeypatch.setattr(MODELS["gpt-oss"], "backends", ("cpu", "cuda"))
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    cpu, gpu, again, be = decode_step_on_both(str(synth_model("gpt-oss", "q8_0")), path, seed=5)
+    assert np.array_equal(gpu, again)
+    assert not any(g.eager for g in be.graphs.values())
+    assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
+    assert (gpu.argmax(1) == cpu.argmax(1)).mean() >= 0.8

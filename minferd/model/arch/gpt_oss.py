@@ -22,7 +22,8 @@ class GptOssModel(LlamaModel):
     # CUDA has the parts now (sinks in the attention kernels, YaRN as freq factors, swiglu_oai):
     # refused there at load until tests/cuda/test_gpt_oss_cuda.py has passed on a GPU.
     backends = ("cpu",)
-    graph_safe = False  # the MoE routing is decided on the host, a layer at a time
+    graph_safe = False  # prefill routes on the host, a layer at a time (backend/moe.py)
+    device_moe = True  # CUDA decode rows route on the device (backend/cuda_moe.py): graphs can hold them
 
     @classmethod
     def expected_tensors(cls, s):
