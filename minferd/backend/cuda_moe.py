@@ -12,8 +12,9 @@ the picks out by expert in whole tiles (backend/moe.py's align); then each proje
 fused_b_grouped launch over every expert's tile (the tile's expert read on the device), the
 activation one launch over all picks, and combine the weighted sum: ~9 launches a layer where
 by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens: all 128 of them, each layer).
-backend/moe.py's by_expert stays for what neither covers (gpt-oss's biases and gated
-activation). The CPU reference of both is by_expert (tests/cuda/test_moe_device.py).
+Both take gpt-oss's router bias, expert biases (gathered by expert id) and swiglu_oai.
+backend/moe.py's by_expert, their CPU reference (tests/cuda/test_moe_device.py), runs while
+the valve is off.
 """
 from __future__ import annotations
 
