@@ -20,7 +20,8 @@
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
 #            repeats each model once per setting (any one VAR=value each)
-#   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M) pp2048 / tg128 per plan (bench.py)
+#   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
+#            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
 #            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB");
 #            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp
@@ -184,22 +185,31 @@ fi
 if [ "$stage" = moe ]; then
   if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-200}; fi
-  synth_moe() { [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m \
-    --random-blocks /tmp/q30b.gguf; }
-  synth_moe
-  for b in ${BUDGETS:-80GiB 19GiB}; do
-    python3 -m minferd.cli plan /tmp/q30b.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
+  # MOE_MODELS: 30b (qwen3moe 30b-a3b, Q4_K_M) and / or 20b (gpt-oss 20b, MXFP4 experts).
+  synth_moe() {
+    case $1 in
+      30b) [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m --random-blocks /tmp/q30b.gguf;;
+      20b) [ -f /tmp/q20b.gguf ] || python3 -m minferd.cli synth --arch gpt-oss --preset 20b --quant q8_0 --random-blocks /tmp/q20b.gguf;;
+    esac
+  }
+  for m in ${MOE_MODELS:-30b}; do
+    synth_moe $m
+    for b in ${BUDGETS:-80GiB 19GiB}; do
+      python3 -m minferd.cli plan /tmp/q$m.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
+    done
   done
   wait $build; built=$?
-  # AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1": the bench once per setting.
-  for v in ${AB:-default}; do
-    set_=""; tag=""; [ "$v" = default ] || { set_=$v; tag="-${v//=/}"; }
-    echo "# $v" | tee -a "$OUT/moe-bench.log"
-    env $set_ timeout ${MOE_LIMIT:-300} python3 bench/bench.py /tmp/q30b.gguf --device cuda --paths ${PATHS:-w16,mmq} \
-      -p 512,2048 -n 128 -r ${REPS:-3} --json "$OUT/moe-bench$tag.json" 2>&1 | tee -a "$OUT/moe-bench.log" | tail -12
+  for m in ${MOE_MODELS:-30b}; do
+    # AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1": the bench once per setting.
+    for v in ${AB:-default}; do
+      set_=""; tag=""; [ "$v" = default ] || { set_=$v; tag="-${v//=/}"; }
+      echo "# q$m.gguf, $v" | tee -a "$OUT/moe-bench.log"
+      env $set_ timeout ${MOE_LIMIT:-300} python3 bench/bench.py /tmp/q$m.gguf --device cuda --paths ${PATHS:-w16,mmq} \
+        -p 512,2048 -n 128 -r ${REPS:-3} --json "$OUT/moe-bench-$m$tag.json" 2>&1 | tee -a "$OUT/moe-bench.log" | tail -12
+    done
+    [ $built = 0 ] && /tmp/llama/build/bin/llama-bench -m /tmp/q$m.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
+      2>&1 | tee -a "$OUT/llama-bench.log" | tail -8
   done
-  [ $built = 0 ] && /tmp/llama/build/bin/llama-bench -m /tmp/q30b.gguf -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 \
-    2>&1 | tee "$OUT/llama-bench.log" | tail -8
 fi
 if [ "$stage" = serve ]; then
   # The build runs while the tests do; the benches wait for it (the daemon's compute threads run
