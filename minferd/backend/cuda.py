@@ -21,7 +21,7 @@ from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - Devi
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
 from minferd.kernels import kernel, mmq_small, tcgemv
 from minferd.kernels.dequant import dequant_f16, dequant_rows
-from minferd.kernels.launch import programmatic
+from minferd.kernels.launch import programmatic, rows_limit
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
@@ -72,6 +72,7 @@ class CudaBackend(CudaMatmuls, Backend):
         if not (rows.isdigit() and 1 <= int(rows) <= BUCKETS[-1]):
             raise ValueError(f"MINFERD_GRAPH_ROWS={rows[:40]!r}: not a whole number in 1..{BUCKETS[-1]}")
         self.graph_rows = int(rows)
+        self.pdl_rows = rows_limit()  # graphs of up to this many rows launch programmatically
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
@@ -154,7 +155,7 @@ class CudaBackend(CudaMatmuls, Backend):
         before (kernels/launch.py)."""
         self.in_graph = True
         try:
-            with programmatic(rows):
+            with programmatic(rows <= self.pdl_rows):
                 yield
         finally:
             self.in_graph = False

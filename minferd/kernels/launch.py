@@ -71,11 +71,11 @@ def _sm90() -> bool:
 
 
 @contextlib.contextmanager
-def programmatic(rows: int):
-    """While a graph of `rows` rows is captured: this thread's launches carry the programmatic
-    attribute, where the device has it and the rows are within rows_limit()."""
+def programmatic(on: bool = True):
+    """While a graph is captured: this thread's launches carry the programmatic attribute where
+    `on` (the graph's rows within rows_limit(): the backend's call) and the device has it."""
     before = getattr(_local, "on", False)
-    _local.on = rows <= rows_limit() and _sm90()
+    _local.on = bool(on) and _sm90()
     try:
         yield
     finally:
