@@ -14,6 +14,7 @@
 //
 #pragma once
 #include "blocks.cuh"
+#include "mmvq_units_iq.cuh"  // lut: IQ4_NL's table lookup
 #ifndef MINFERD_HOST_TEST  // tests/host/kernels_host.cpp has host twins of these, and of the mma
 #include "mma.cuh"
 
@@ -227,6 +228,14 @@ template <> struct TcW<T_Q4_0> {
   }
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
     scaled((qs >> (4 * k)) & M4, (u32)dh * 0x10001u, 0x64086408u, p0, p1);  // 1024 + 8
+  }
+};
+
+// IQ4_NL, 18 B (2-aligned): Q4_0's layout, value d * kvalues_iq4nl[q] (int8: as Q8_0 from there).
+template <> struct TcW<T_IQ4_NL> : TcW<T_Q4_0> {
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const int2 v = lut<KV_IQ4NL_LO, KV_IQ4NL_HI>(qs);  // .x the low nibbles' values, .y the high
+    scaled((u32)(k ? v.y : v.x) ^ 0x80808080u, (u32)dh * 0x10001u, 0x64806480u, p0, p1);  // 1024 + 128
   }
 };
 
