@@ -239,6 +239,30 @@ template <> struct TcW<T_IQ4_NL> : TcW<T_Q4_0> {
   }
 };
 
+// IQ4_XS, 136 B (8-aligned): d, scales_h (2 bits a sub-block), scales_l (a nibble each), then 16
+// bytes a 32-element sub-block j, nibbles as IQ4_NL's; value d * (6-bit scale - 32) * kv[q]. Step
+// k: sub-block k / 2, its low (k even) or high nibbles, elements 32(k/2) + 16(k%2) + 4c .. +3.
+template <> struct TcW<T_IQ4_XS> {
+  static constexpr int QK = 256, BB = 136, STEPS = 16;
+  static constexpr bool XPAIR = false;
+  uint2 hdr;  // .x d | scales_h << 16, .y scales_l
+  u32 q[8];   // sub-block j's bytes 4c .. 4c + 3
+  __device__ __forceinline__ static int xoff(int k, int c) { return 32 * (k >> 1) + 16 * (k & 1) + 4 * c; }
+  __device__ __forceinline__ void prep() {}
+  __device__ __forceinline__ void fetch(const u8* b, int c) {
+    hdr = ld64_a8(b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = ld32_a4(b + 8 + 16 * j + 4 * c);
+  }
+  __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
+    const int j = k >> 1;
+    const u32 ls = ((hdr.y >> (4 * j)) & 15u) | (((hdr.x >> (16 + 2 * j)) & 3u) << 4);
+    const float sf = h2f((u16)hdr.x) * (float)((int)ls - 32);
+    const int2 v = lut<KV_IQ4NL_LO, KV_IQ4NL_HI>(q[j]);
+    scaled((u32)((k & 1) ? v.y : v.x) ^ 0x80808080u, pack_h2(sf, sf), 0x64806480u, p0, p1);  // 1024 + 128
+  }
+};
+
 // Q4_1, 20 B (4-aligned): d, m, 16 bytes of nibbles; value d * q + m.
 template <> struct TcW<T_Q4_1> {
   static constexpr int QK = 32, BB = 20, STEPS = 2;

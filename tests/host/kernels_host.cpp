@@ -184,6 +184,7 @@ extern "C" int tc(int t, const u8* w, int rows, int K, const u16* x16, int M, fl
     case 13: tcgemv_rows<13>(w, rows, K, x16, M, out); break;
     case 14: tcgemv_rows<14>(w, rows, K, x16, M, out); break;
     case 20: tcgemv_rows<20>(w, rows, K, x16, M, out); break;
+    case 23: tcgemv_rows<23>(w, rows, K, x16, M, out); break;
     default: return 1;
   }
   return misaligned ? 2 : 0;
