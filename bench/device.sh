@@ -23,7 +23,7 @@
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
-#            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 19GiB");
+#            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 22GiB");
 #            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
@@ -194,7 +194,7 @@ if [ "$stage" = moe ]; then
   }
   for m in ${MOE_MODELS:-30b}; do
     synth_moe $m
-    for b in ${BUDGETS:-80GiB 19GiB}; do
+    for b in ${BUDGETS:-80GiB 22GiB}; do
       python3 -m minferd.cli plan /tmp/q$m.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
     done
   done

@@ -17,7 +17,7 @@ class Estimate:
     w16: int  # what a W16 plan adds: 2 bytes per matmul element (MoE tensors get no f16 copy)
     kv: int
     scratch: int
-    matmul_bytes: int  # quantized bytes of the matmul weights an f16 copy covers (the W16 size gate reads this)
+    matmul_bytes: int  # quantized bytes of the matmul weights an f16 copy covers (with expert_bytes: the W16 size gate)
     matmul_types: frozenset  # type names of the matmul weights, MoE ones included (the quantized path runs them)
     ctx: int
     expert_bytes: int = 0  # quantized bytes of a MoE's experts and routers: never in an f16 copy

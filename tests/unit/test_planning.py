@@ -1,5 +1,7 @@
 """The pool's pure parts: the budget from a flag, the planner's rules and reasons, and the
 header-only estimate against what a load measures (every synth preset, the real gemma)."""
+import dataclasses
+
 import pytest
 
 from minferd.devices import MatmulPath, cpu_traits, cuda_traits
@@ -107,3 +109,19 @@ def test_estimate_matches_measurement_for_real_gemma(gemma_path):
     measured = h.model_bytes(lm)
     assert all(abs(e[k] - measured[k]) <= 0.02 * max(measured[k], 1) for k in e), (e, measured)
     assert h.unload("gemma") == sum(measured.values())
+
+
+def test_a_mixtures_experts_count_toward_the_size_gate():
+    """The 30b-a3b's shape: 736 MiB of dense weights (what the copy covers) beside 16 GiB of experts.
+    The model is big: it takes the dense copy where that fits, and waits for it where it does not."""
+    moe = Estimate(weights=17 << 30, w16=(2 << 30) + (300 << 20), kv=400 << 20, scratch=3 << 30,
+                   matmul_bytes=736 << 20, matmul_types=frozenset(("Q4_K", "Q6_K")), ctx=4096,
+                   expert_bytes=(16 << 30) + (350 << 20))
+    p = plan(moe, cuda_traits(), 80 << 30, env={})
+    assert p.matmul_path == MatmulPath.W16 and "(the experts' included) reach the w16 gate" in p.reason
+    assert "the copy covers the dense weights (attention, output) only" in p.reason
+    assert p.bytes["w16"] == moe.w16
+    q = plan(moe, cuda_traits(), 22 << 30, env={})
+    assert q.matmul_path == MatmulPath.MMQ and q.wants_w16 and q.bytes["w16"] == 0
+    small = dataclasses.replace(moe, expert_bytes=100 << 20)
+    assert "(the experts' included) are under the w16 gate" in plan(small, cuda_traits(), 80 << 30, env={}).reason
