@@ -58,7 +58,7 @@ VALVES = {
     "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",
     "MINFERD_TCGEMV_CONFIG": "a kernels/tcgemv.py CONFIGS key for every tcgemv launch (the A/B of bench/serve.py)",
     "MINFERD_GRAPH_ROWS": "1-256: steps of up to this many tokens replay a decode graph (the A/B of bench/latency.py)",
-    "MINFERD_DEVICE_MOE": "1: MoE decode rows route on the device (backend/cuda_moe.py; off until tests/cuda has run it)",
+    "MINFERD_DEVICE_MOE": "1: MoE decode routed on the device, prefill as grouped GEMMs (backend/cuda_moe.py; opt-in)",
     "MINFERD_PDL": "graphs of at most this many rows launch their nodes programmatically (default 64; 0: none)",
 }
 

@@ -55,7 +55,7 @@ def moe_grouped_bytes(spec, n: int) -> int:
     """A mixture's prefill of n tokens as grouped GEMMs (backend/cuda_moe.prefill): its n * k picks
     laid out by expert in whole tiles (at most BM - 1 padding rows an expert), the gathered f16
     input, gate, up, the activation (f32 and f16), down, and the picks' outputs taken back."""
-    if not getattr(spec, "n_expert", 0):
+    if not spec.n_expert:
         return 0
     from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG  # NumPy only
     picks = n * spec.n_expert_used

@@ -13,12 +13,13 @@ import contextlib
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_moe, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
 from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - DeviceMemory: the backend's memory
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
+from minferd.backend.cuda_moe import CudaMoe
 from minferd.kernels import kernel, mmq_small, tcgemv
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.launch import programmatic, rows_limit
@@ -52,7 +53,7 @@ def device_name(device_id: int | None = None) -> str:
     return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id if device_id is None else device_id)["name"].decode()
 
 
-class CudaBackend(CudaMatmuls, Backend):
+class CudaBackend(CudaMatmuls, CudaMoe, Backend):
     name = "cuda"
     kv_dtype = "f16"
     max_batch = CUDA_MAX_BATCH
@@ -73,6 +74,7 @@ class CudaBackend(CudaMatmuls, Backend):
             raise ValueError(f"MINFERD_GRAPH_ROWS={rows[:40]!r}: not a whole number in 1..{BUCKETS[-1]}")
         self.graph_rows = int(rows)
         self.pdl_rows = rows_limit()  # graphs of up to this many rows launch programmatically
+        self.moe_on_device = valve("MINFERD_DEVICE_MOE") == "1"  # cuda_moe's paths (off: expert by expert)
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
@@ -188,38 +190,11 @@ class CudaBackend(CudaMatmuls, Backend):
         dequant_rows(w.qtype, w.data, ids, out)
         return out
 
-    # ---- what Backend.moe (backend/moe.py, expert by expert) runs on ----------------------
-    def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
-            oai_glu=None, norm_topk=True):
-        """Decode rows route on the device (cuda_moe, graph-safe), prefills run grouped GEMMs;
-        what neither covers goes expert by expert (backend/moe.py)."""
-        args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
-        if cuda_moe.covers(x.shape[0]):
-            return cuda_moe.moe(self, *args)
-        if cuda_moe.covers_grouped((gate_exps, up_exps, down_exps)):
-            return cuda_moe.prefill(self, *args)
-        return super().moe(*args)
-
     def graph_safe(self, model, rows: int) -> bool:
         """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any
         model's that says so, and an MoE's decode rows where its routing runs on the device."""
-        return getattr(model, "graph_safe", True) or (getattr(model, "device_moe", False) and cuda_moe.covers(rows))
-
-    def take_rows(self, x, rows):
-        return cp.ascontiguousarray(x[cp.asarray(rows)], dtype=cp.float32)
-
-    def sigmoid_dot(self, x, v: Weight):
-        z = cp.ascontiguousarray(x, dtype=cp.float32) @ v.data[:, None]
-        return (1.0 / (1.0 + cp.exp(-z))).astype(cp.float32)
-
-    def add_rows(self, out, rows, y, weights) -> None:
-        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y  # rows distinct; no copy if on the device
-
-    def bias_row(self, w: Weight, r: int):
-        return self.embed([r], w)  # a row of the 2-D tensor, dequantized: what embed does
-
-    def residual_out(self, residual, shape):
-        return cp.zeros(shape, cp.float32) if residual is None else cp.array(residual, dtype=cp.float32)
+        return getattr(model, "graph_safe", True) or \
+            (getattr(model, "device_moe", False) and self.routes_on_device(rows))
 
     # ---- small ops -----------------------------------------------------------------------
     def rmsnorm(self, x, weight: Weight, eps):

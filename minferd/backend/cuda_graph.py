@@ -21,13 +21,14 @@ def decode_bucket(n: int) -> int:
     raise ValueError(f"a decode batch of {n} sequences: past the largest bucket {BUCKETS[-1]}")
 
 
-def capture(be, forward, rows: int):
-    """forward() of `rows` rows (tokens) recorded on the backend's stream as a CUDA graph: (the
-    graph, its output)."""
+def capture(g):
+    """A DecodeGraph's or PrefillGraph's pass of its model over its batch and cache (`bucket`
+    rows), recorded on the backend's stream as a CUDA graph: (the graph, its output)."""
+    be = g.be
     be.stream.begin_capture()
     try:
-        with be.capturing(rows):
-            out = forward()
+        with be.capturing(g.bucket):
+            out = g.model.forward_batch(g.batch, g.cache)
     finally:
         graph = be.stream.end_capture()
     return graph, out
@@ -80,7 +81,7 @@ class DecodeGraph:
 
     def _capture(self):
         try:
-            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache), self.bucket)
+            self.graph, self.logits = capture(self)
         except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
             log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)
             self.eager, self.graph, self.logits = True, None, None
@@ -145,7 +146,7 @@ class PrefillGraph:
 
     def _capture(self) -> bool:
         try:
-            self.graph, self.logits = capture(self.be, lambda: self.model.forward_batch(self.batch, self.cache), self.bucket)
+            self.graph, self.logits = capture(self)
             return True
         except Exception as e:  # noqa: BLE001 - logged, and this bucket runs eagerly from now on
             log.warning("prefill graph of %d tokens not captured (%s); running it eagerly", self.bucket, e)

@@ -23,7 +23,6 @@ import numpy as np
 
 from minferd.backend.base import Weight
 from minferd.backend.moe import align, route
-from minferd.config import valve
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
 from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
@@ -31,25 +30,48 @@ from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
 
 
-def enabled() -> bool:
-    """Off unless MINFERD_DEVICE_MOE=1: written after session 12's device time ran out, it stays
-    opt-in until tests/cuda/test_moe_device.py has passed on a GPU."""
-    return valve("MINFERD_DEVICE_MOE") == "1"
+class CudaMoe:
+    """The MoE half of CudaBackend: Backend.moe's dispatch, and the ops backend/moe.py's
+    by_expert runs on (the path while MINFERD_DEVICE_MOE is off: this module's paths stay opt-in
+    until tests/cuda/test_moe_device.py has passed on a GPU; the backend reads it at init)."""
+    moe_on_device = False
 
+    def routes_on_device(self, n: int) -> bool:
+        """Whether a pass of n tokens routes its MoE layers on the device (moe below)."""
+        return self.moe_on_device and n <= MAX_ROWS
 
-def covers(n: int) -> bool:
-    """Decode rows this module routes on the device."""
-    return enabled() and n <= MAX_ROWS
+    def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
+            oai_glu=None, norm_topk=True):
+        """Decode rows route on the device (graph-safe), prefills run grouped GEMMs; with the
+        valve off, or a type the grouped GEMM lacks, expert by expert (backend/moe.py)."""
+        args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
+        if self.routes_on_device(x.shape[0]):
+            return moe(self, *args)
+        if self.moe_on_device and all(w.qtype.name in GROUPED_TYPES for w in (gate_exps, up_exps, down_exps)):
+            return prefill(self, *args)
+        return super().moe(*args)
 
+    def take_rows(self, x, rows):
+        return cp.ascontiguousarray(x[cp.asarray(rows)], dtype=cp.float32)
 
-def covers_grouped(exps: tuple[Weight, ...]) -> bool:
-    """A prefill this module runs as grouped GEMMs."""
-    return enabled() and all(w.qtype.name in GROUPED_TYPES for w in exps)
+    def sigmoid_dot(self, x, v: Weight):
+        z = cp.ascontiguousarray(x, dtype=cp.float32) @ v.data[:, None]
+        return (1.0 / (1.0 + cp.exp(-z))).astype(cp.float32)
+
+    def add_rows(self, out, rows, y, weights) -> None:
+        # rows distinct; rows and weights already on the device (by_expert's) are not copied
+        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y
+
+    def bias_row(self, w: Weight, r: int):
+        return self.embed([r], w)  # a row of the 2-D tensor, dequantized: what embed does
+
+    def residual_out(self, residual, shape):
+        return cp.zeros(shape, cp.float32) if residual is None else cp.array(residual, dtype=cp.float32)
 
 
 def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
         residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True):
-    """Backend.moe's contract for the rows `covers` admits, through be's matmuls and activation.
+    """Backend.moe's contract for up to MAX_ROWS rows, through be's matmuls and activation.
     gpt-oss's parts: the router's bias rides in its mat-vec, each pick's expert bias row is
     gathered by its id (be.embed reads ids on the device), swiglu_oai in place of SwiGLU."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)

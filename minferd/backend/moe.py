@@ -79,7 +79,8 @@ def by_expert(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_ex
     # the host waits for the stream, and one per expert (three, before) kept the GPU idle
     # between them (the 30b-a3b: 384 such waits a layer at 2048 tokens).
     P = order.size
-    both = be.to_device(np.concatenate([(order // k).astype(np.int32), p.ravel()[order].astype(np.float32).view(np.int32)]))
+    tokens_w = [(order // k).astype(np.int32), p.ravel()[order].astype(np.float32).view(np.int32)]
+    both = be.to_device(np.concatenate(tokens_w))
     tokens, weights = both[:P], both[P:].view(np.float32)
     out = be.residual_out(residual, (n, down_exps.shape[1]))
     for e in np.flatnonzero(np.diff(bounds)):

@@ -2,10 +2,10 @@
 
 Inside a captured CUDA graph of up to MAX_ROWS rows (`programmatic()`, entered by the backend's
 capture) each launch carries programmatic stream serialization (sm_90's programmatic dependent
-launch): the node may start while the node before it finishes. Every kernel here opens with pdl_enter() (pdl.cuh),
-which waits for the previous node's results before it reads anything and then lets the next
-node start launching, so results still flow in order while a node's launch latency hides behind
-the previous one's tail. Graph nodes cost ~2.5 us each without it (bench/NOTES.md, session 2),
+launch): the node may start while the node before it finishes. Every kernel here opens with
+pdl_enter() (pdl.cuh), which waits for the previous node's results before it reads anything and
+then lets the next node start launching, so results still flow in order while a node's launch
+latency hides behind the previous one's tail. Graph nodes cost ~2.5 us each without it (bench/NOTES.md, session 2),
 and a decode token is ~300 of them. Eager launches take CuPy's own path: there the host is the
 bottleneck, and CuPy's Cython launch is cheaper than ctypes.
 """

@@ -75,13 +75,8 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // units between them (KW > 1 gives short rows and few-row matrices more loads in flight)
 // and add up through shared memory. Per step a lane fetches UNR units of each of its R rows
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
-// compiler keeps them together), then decodes and multiplies the valid ones.
-//
-// Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
-// launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
-// each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
-// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
-// The rows of one CTA (bx: its index among the CTAs of this matrix): the body both launches share.
+// compiler keeps them together), then decodes and multiplies the valid ones. This is one CTA's
+// share (bx: its index among the CTAs of its matrix), which mmvq and mmvq_ids both run.
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
@@ -159,6 +154,10 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   }
 }
 
+// Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
+// launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
+// each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
+// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,

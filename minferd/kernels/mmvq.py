@@ -175,12 +175,13 @@ def scratch_bytes(n: int, K: int) -> int:
     return xq_layout(n, K)[2]
 
 
-def _check_x(x, what="x"):
+def _check_x(x, what="x", max_rows: int | None = MAX_COLS):
+    """x: C-contiguous f32 (n, K), 1 <= n <= max_rows (None: any n)."""
     if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
         raise ValueError(f"mmvq: {what} must be C-contiguous float32 (n, K), got {x.dtype} {tuple(x.shape)}")
     n = x.shape[0]
-    if not 1 <= n <= MAX_COLS:
-        raise ValueError(f"mmvq: batch of {n} columns, expected 1..{MAX_COLS}")
+    if max_rows is not None and not 1 <= n <= max_rows:
+        raise ValueError(f"mmvq: batch of {n} columns, expected 1..{max_rows}")
 
 
 def _check_scratch(scratch, n, K):
@@ -198,9 +199,7 @@ def _stream(stream):
 def quantize_x(x, scratch, *, stream=None, max_rows: int = MAX_COLS) -> None:
     """x (n, K) f32 -> scratch: per 32 elements (d, exact sum) and int8 hi/lo planes. max_rows:
     mmvq reads at most 8; mmvq_ids reads one row a pick, so an MoE's picks may be more."""
-    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or not 1 <= x.shape[0] <= max_rows:
-        _check_x(x)  # names the problem
-        raise ValueError(f"mmvq: {x.shape[0]} rows to quantize, at most {max_rows}")
+    _check_x(x, max_rows=max_rows)
     n, K = x.shape
     if K % 32:
         raise ValueError(f"mmvq: K = {K} is not a multiple of 32")
@@ -315,8 +314,7 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
     mat-vec format from `scratch` (quantize_x's, or the activation kernel's for its output);
     float types read x itself."""
     qt = _qt(qt)
-    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
-        raise ValueError(f"mmvq_ids: x must be C-contiguous float32 (n, K), got {x.dtype} {tuple(x.shape)}")
+    _check_x(x, max_rows=None)
     n, K = x.shape
     if n_expert < 1 or w.ndim != 2 or w.shape[0] % n_expert:
         raise ValueError(f"mmvq_ids: {tuple(w.shape)} weight rows are not {n_expert} experts' stacked")

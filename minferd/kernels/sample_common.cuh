@@ -13,6 +13,12 @@ typedef unsigned long long u64;
 #define MAX_TOP_K 256
 #define FULL 0xffffffffu
 #define F32_MAX 3.402823466e+38f
+// A segment's record in scratch (kernel 1 writes it, kernel 2 reads it), SLOT u64s: [0] the best
+// composite (argmax), [1] flags | count << 8, [2..] the segment's top min(k, length) composites,
+// unordered, global ids.
+#define SLOT (2 + MAX_TOP_K)
+#define F_NAN 1ull
+#define F_BAD 2ull
 
 // Sampler's penalty: float32 division or product (float64 arithmetic on float32 operands
 // rounds to the same result), clipped to float32's range; NaN stays NaN, as np.clip keeps it.

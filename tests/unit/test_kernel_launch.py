@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest

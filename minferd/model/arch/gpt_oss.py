@@ -56,8 +56,9 @@ class GptOssModel(LlamaModel):
         # factor (the position scale then 1), and cos and sin's factor mscale on q and k alike,
         # which is mscale^2 on every attention logit.
         s, y = spec, spec.yarn
-        self.rope_ff = {b: None if y is None else backend.to_device(y.freq_factors(s.head_dim, b, s.rope_scale).astype(np.float32))
-                        for b in {s.rope_base, s.rope_base_swa}}
+        ff = (lambda b: None) if y is None else \
+            (lambda b: backend.to_device(y.freq_factors(s.head_dim, b, s.rope_scale).astype(np.float32)))
+        self.rope_ff = {b: ff(b) for b in {s.rope_base, s.rope_base_swa}}
         self.rope_scale = s.rope_scale if y is None else 1.0
         self.logit_scale = s.attn_scale * (1.0 if y is None else y.mscale(s.rope_scale) ** 2)
 
