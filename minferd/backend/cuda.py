@@ -194,7 +194,7 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
         """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any
         model's that says so, and an MoE's decode rows where its routing runs on the device."""
         return getattr(model, "graph_safe", True) or \
-            (getattr(model, "device_moe", False) and self.routes_on_device(rows))
+            (getattr(model, "device_moe", False) and self.routes_on_device(rows, model.spec.n_expert_used))
 
     # ---- small ops -----------------------------------------------------------------------
     def rmsnorm(self, x, weight: Weight, eps):

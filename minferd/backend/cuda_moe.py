@@ -36,16 +36,17 @@ class CudaMoe:
     until tests/cuda/test_moe_device.py has passed on a GPU; the backend reads it at init)."""
     moe_on_device = False
 
-    def routes_on_device(self, n: int) -> bool:
-        """Whether a pass of n tokens routes its MoE layers on the device (moe below)."""
-        return self.moe_on_device and n <= MAX_ROWS
+    def routes_on_device(self, n: int, k: int) -> bool:
+        """Whether a pass of n tokens, k experts each, routes its MoE layers on the device (moe
+        below; a file may ask for more picks than moe.cu's top-k holds: those route on the host)."""
+        return self.moe_on_device and n <= MAX_ROWS and k <= moe_kernels.MAX_K
 
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
         """Decode rows route on the device (graph-safe), prefills run grouped GEMMs; with the
         valve off, or a type the grouped GEMM lacks, expert by expert (backend/moe.py)."""
         args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
-        if self.routes_on_device(x.shape[0]):
+        if self.routes_on_device(x.shape[0], k):
             return moe(self, *args)
         if self.moe_on_device and all(w.qtype.name in GROUPED_TYPES for w in (gate_exps, up_exps, down_exps)):
             return prefill(self, *args)
