@@ -247,16 +247,17 @@ def serve(cfg: ServeConfig) -> int:
             name_path = resolve_path(name_path)
             name = name or os.path.basename(name_path).removesuffix(".gguf")
             host.load(name, name_path, LoadOptions(pinned=True, keep_alive=-1.0))
+        # Before health and the line that tell a supervisor (or a test) the daemon is up: a SIGTERM right after
+        # it otherwise found Python's default handler and killed the daemon without its drain.
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
         for svc in ("", SERVICE):
             health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         where = f"unix:{sock.path}" if sock else cfg.listen
         also = f", HTTP on http://{cfg.http}" if http else ""
         budgets = "; ".join(f"{d}, budget {fmt_bytes(h.ledger.capacity)}" for d, h in host.hosts.items())
         print(f"minferd: listening on {where}{also} ({budgets})", file=sys.stderr, flush=True)
-
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
         reap_until(stop, host, parent)
         for svc in ("", SERVICE):
             health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
