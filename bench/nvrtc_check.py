@@ -3,26 +3,29 @@ and the lowered template names show up here, before a device call costs device t
 
     pip install -e ".[kernelcheck]"                    # once: CUDA 13's NVRTC and headers, no GPU needed
     python bench/nvrtc_check.py [dequant mmvq ops ...]  # default: every minferd/kernels/*.cu
+    python bench/nvrtc_check.py --parts tcgemv          # each part as kernel() compiles it, timed
+    python bench/nvrtc_check.py --plain                 # each module's extern "C" kernels alone
 
 Exit status: 0 all compiled, 1 a module failed, 3 no NVRTC found (tests/unit skip then).
 NVRTC_LOG_CHARS: how much of a compile log to print (default 6000; more for ptxas -v's register
 counts of every kernel, through compile_module(..., opts=("--ptxas-options=-v",))).
 
 A kernel module's name expressions come from its launcher (minferd/kernels/<name>.py) if it
-defines names(); ops.cu and the like have none (extern "C" kernels only).
+defines names(); ops.cu and the like have none (extern "C" kernels only). --parts compiles and
+times each part as the daemon does (kernels/__init__.py), one at a time.
 """
 from __future__ import annotations
 
 import ctypes
 import glob
-import importlib
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minferd.kernels import DIR  # noqa: E402
+from minferd.kernels import DIR, parts  # noqa: E402
+from minferd.kernels.precompile import module_names, name_expressions  # noqa: E402
 
 
 def _lib():
@@ -63,18 +66,21 @@ def compile_module(lib, name: str, exprs=(), opts=()) -> int:
 
 
 def main(argv) -> int:
+    by_part = "--parts" in argv  # each part as kernel() compiles it (kernels/__init__.py), timed
+    plain = "--plain" in argv  # only the part of no instances: the extern "C" kernels alone
     lib = _lib()
-    names = argv or sorted(p.stem for p in DIR.glob("*.cu"))
     rc = 0
-    for name in names:
-        exprs, opts = (), ()
-        try:
-            mod = importlib.import_module(f"minferd.kernels.{name}")
-            exprs = tuple(mod.names()) if hasattr(mod, "names") else ()
-            opts = tuple(getattr(mod, "OPTIONS", ()))
-        except ModuleNotFoundError:
-            pass
-        rc |= compile_module(lib, name, exprs, opts)
+    for name in [a for a in argv if not a.startswith("--")] or module_names():
+        exprs = () if plain else name_expressions(name)
+        if not by_part:
+            rc |= compile_module(lib, name, exprs)
+            continue
+        times = []
+        for p in parts(exprs):
+            t = time.time()
+            rc |= compile_module(lib, name, p)
+            times.append(time.time() - t)
+        print(f"{name}: {len(times)} parts, {sum(times):.1f} s in all, the largest {max(times):.1f} s")
     return rc
 
 

@@ -1,12 +1,13 @@
 """`minferd warmup`: compile the CUDA kernels into CuPy's disk cache before anyone waits for them.
 
 A fresh machine (a new container, CI runner or DaemonSet node) compiled ~26 s of NVRTC inside
-its first prefill. Each kernels/*.cu is one module compiled whole on first use, so running every
-module once is enough: a tiny synthetic model is served the daemon's way (a host, its engine,
-batched sequences, sampling on the device) under each plan and each kernel past 8 rows, in
-steps of more than 64 rows (eager), 9-64 (a decode graph) and at most 8 (the mat-vec kernels);
-then decode attention's per-head-dim modules for every head dim (the tiny models have d = 64
-only). Where the cache lives: CUPY_CACHE_DIR (default ~/.cupy/kernel_cache); an image bakes it
+its first prefill. First every part of every kernel module (kernels/__init__.py: a module's
+instances of one quant type or head dim) compiles, side by side in threads
+(kernels/precompile.py); then a tiny synthetic model is served the daemon's way (a host, its
+engine, batched sequences, sampling on the device) under each plan and each kernel past 8 rows,
+in steps of more than 64 rows (eager), 9-64 (a decode graph) and at most 8 (the mat-vec
+kernels), from the cache just filled: the serving path is checked end to end before SERVING.
+Where the cache lives: CUPY_CACHE_DIR (default ~/.cupy/kernel_cache); an image bakes it
 by running this at build time on its target GPU.
 On the CPU there is nothing to compile; the same run checks the serving path end to end.
 """
@@ -63,11 +64,18 @@ def _quiet():
 
 
 def warm_host(host: Host, workdir: Path, say=print) -> None:
-    """Every kernel module the host's device runs, compiled (a CPU host: its serving path run)."""
+    """Every kernel part the host's device may run, compiled side by side; then the serving path
+    run under each plan (on a GPU from the cache just filled; a CPU host has nothing to compile)."""
+    if not host.device.startswith("cpu"):
+        from minferd.kernels.precompile import compile_every_part
+        compile_every_part(_device_id(host.device), say=say)
     with _quiet():
         _warm(host, workdir, say)
-    if not host.device.startswith("cpu"):
-        _warm_head_dims(say)
+
+
+def _device_id(device: str) -> int:
+    _, _, index = device.partition(":")
+    return int(index or 0)
 
 
 def _warm(host: Host, workdir: Path, say) -> None:
@@ -114,16 +122,6 @@ def _serve_once(host: Host, name: str) -> None:
     one(SHORT_PROMPT, SAMPLING[0])
     if errors:
         raise errors[0]
-
-
-def _warm_head_dims(say) -> None:
-    """The modules compiled per head dim (decode attention), for every head dim a model may have:
-    the tiny models above have their own only."""
-    from minferd.kernels import attn_decode
-    t0 = time.perf_counter()
-    attn_decode.compile_all()
-    say(f"warmup: decode attention, head dims {attn_decode.HEAD_DIMS[0]}-{attn_decode.HEAD_DIMS[-1]} "
-        f"{time.perf_counter() - t0:.1f} s")
 
 
 def warmup(device: str, say=print) -> float:

@@ -114,14 +114,6 @@ def _merge_fn(d: int):
     return kernel("attn_decode", _merge_name(d), names(d))
 
 
-def compile_all(head_dims=HEAD_DIMS) -> None:
-    """Compile each head dim's module into CuPy's cache now (`minferd warmup`): a model compiles
-    only its own at its first decode step, which made the 7B's (d = 128) first token after a
-    warmup of tiny models 5.5 s late (bench/results/s10-cold/warm.log)."""
-    for d in head_dims:
-        _merge_fn(d)
-
-
 def splits_for(B: int, hkv: int, max_ctx: int, n_sm: int = 132, *, d: int = 128) -> int:
     """A fixed split count for batches of B sequences over hkv kv heads (head dim d) and
     contexts up to max_ctx: one resident wave of split CTAs (resident(d) per SM; on the H200 a

@@ -20,6 +20,17 @@ def test_kernel_module_compiles(name):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_every_module_compiles_with_no_instances():
+    """The part kernel() takes extern "C" kernels from (kernels/__init__.py): no template
+    instance, so nothing a module's templates would pull in may be needed by its plain kernels."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "nvrtc_check.py"), "--plain"],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(": ok in") == len(MODULES), r.stdout
+
+
 def test_a_changed_header_changes_what_cupy_caches_by(tmp_path, monkeypatch):
     """CuPy keys its kernel cache on the source text; module() puts the headers' digest in it,
     so editing a .cuh can never bring back a cubin compiled from the old header."""

@@ -1,0 +1,58 @@
+"""kernel() compiles a module's part, not the whole module (kernels/__init__.py): each part is one
+quant type's (or head dim's) instances, every instance is in exactly one part, and the part a
+kernel is taken from holds it. No GPU: the parts are lists of names."""
+import pytest
+
+from minferd.kernels import part, part_key, parts
+from minferd.kernels import attn_decode, dequant, gemm_f16, mmq_small, mmvq, tcgemv
+from minferd.kernels.precompile import every_part, module_names, name_expressions
+from minferd.kernels.quant import TYPES
+
+
+def test_part_key_reads_the_first_template_argument():
+    assert part_key("mmvq<12, 1, 4, 1, 2, 2>") == "12"
+    assert part_key("attn_decode_merge<128>") == "128"
+    assert part_key("quantize_x") is None
+
+
+@pytest.mark.parametrize("stem", module_names())
+def test_the_parts_split_the_module(stem):
+    exprs = name_expressions(stem)
+    got = parts(exprs)
+    assert got[0] == ()  # the extern "C" kernels' part
+    flat = [e for p in got for e in p]
+    assert sorted(flat) == sorted(exprs) and len(flat) == len(set(flat))
+    for e in exprs:
+        p = part(exprs, e)
+        assert e in p and all(part_key(x) == part_key(e) for x in p)
+
+
+def test_a_typed_launcher_has_a_part_per_type():
+    assert len(parts(tcgemv.names())) - 1 == len(tcgemv.SUPPORTED)
+    assert len(parts(dequant.names())) - 1 == len(dequant.CUDA_TYPES)
+    assert len(parts(mmq_small.names())) - 1 == len(mmq_small.SUPPORTED)
+    assert len(parts(gemm_f16.names())) - 1 == len(gemm_f16.CUDA_TYPES) + 1  # + the f16 copy's loader
+    assert len(parts(attn_decode.names())) - 1 == len(attn_decode.HEAD_DIMS)
+    q4k = part(tcgemv.names(), tcgemv.kernel_name(TYPES["Q4_K"], 16))
+    assert len(q4k) == len(tcgemv.names()) // len(tcgemv.SUPPORTED)
+
+
+def test_a_model_of_one_type_compiles_a_fraction_of_the_mat_vecs():
+    every = mmvq.names()
+    q4k = part(every, mmvq.kernel_name(TYPES["Q4_K"], 1, mmvq.CONFIGS["Q4_K"][1]["few"]))
+    assert 0 < len(q4k) <= len(every) // 8
+
+
+def test_plain_names_come_from_the_part_of_no_instances():
+    assert part(mmvq.names(), "quantize_x") == ()
+
+
+def test_a_name_outside_the_module_is_refused_by_name():
+    with pytest.raises(KeyError, match="tcgemv<99"):
+        part(tcgemv.names(), "tcgemv<99, 1, 1, 4, 1>")
+
+
+def test_warmup_compiles_every_part_once():
+    todo = every_part()
+    assert len(todo) == len(set(todo))
+    assert {s for s, _ in todo} == set(module_names())
