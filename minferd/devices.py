@@ -51,6 +51,13 @@ class DeviceTraits:
         return cuda_scratch_bytes(spec, ctx, max_batch or self.max_batch)
 
 
+def device_moe() -> bool:
+    """MINFERD_DEVICE_MOE=1: MoE routing and grouped prefill on the device (backend/cuda_moe.py),
+    read where a backend is made and where its scratch is estimated, so both agree."""
+    from minferd.config import valve
+    return valve("MINFERD_DEVICE_MOE") == "1"
+
+
 def moe_grouped_bytes(spec, n: int) -> int:
     """A mixture's prefill of n tokens as grouped GEMMs (backend/cuda_moe.prefill): its n * k picks
     laid out by expert in whole tiles (at most BM - 1 padding rows an expert), the gathered f16
@@ -96,7 +103,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
     decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
     decode += 3 * GRAPH_UNPACK_BYTES
-    total = int(1.25 * (act + attn + tile + logits + decode + moe_grouped_bytes(spec, n))) + (16 << 20) \
+    total = int(1.25 * (act + attn + tile + logits + decode + (moe_grouped_bytes(spec, n) if device_moe() else 0))) + (16 << 20) \
         + CUBLAS_WORKSPACE_BYTES
     return total + total // 7  # the arena is total * 8/7: an eighth of it is total / 7
 

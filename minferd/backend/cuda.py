@@ -26,7 +26,7 @@ from minferd.kernels.launch import programmatic, rows_limit
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH
+from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
 
@@ -74,7 +74,7 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
             raise ValueError(f"MINFERD_GRAPH_ROWS={rows[:40]!r}: not a whole number in 1..{BUCKETS[-1]}")
         self.graph_rows = int(rows)
         self.pdl_rows = rows_limit()  # graphs of up to this many rows launch programmatically
-        self.moe_on_device = valve("MINFERD_DEVICE_MOE") == "1"  # cuda_moe's paths (off: expert by expert)
+        self.moe_on_device = device_moe()  # cuda_moe's paths (off: expert by expert)
         self.in_graph = False  # a decode graph is being captured (see capturing)
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
@@ -303,7 +303,8 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
             logits = self.decode(model, batch.as_rows(), cache)
             with self.stream:
                 return logits[cp.asarray(batch.last_rows().astype(np.int64))]
-        if batch.n_seqs > 1 or not self.graph_safe(model, n) \
+        # The graph runs its bucket's rows, which is what decides the MoE's path inside it.
+        if batch.n_seqs > 1 or not self.graph_safe(model, prefill_bucket(min(n, PREFILL_BUCKETS[-1]))) \
                 or model.spec.head_dim not in cuda_attention.PREFILL_HEAD_DIMS:
             return super().run(model, batch, cache)
         top = PREFILL_BUCKETS[-1]

@@ -78,7 +78,7 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
-    xs = be._quantized(x) if gate_exps.qtype.is_quantized else None
+    xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
     g = _biased(be, _products(gate_exps, n_expert, x, xs, ids, k), exps_bias, 0, ids)
     u = _biased(be, _products(up_exps, n_expert, x, xs, ids, k), exps_bias, 1, ids)
     if oai_glu is None:

@@ -49,7 +49,9 @@ moe_topk(const float* __restrict__ logits, int E, int k, int norm, int* __restri
       if (l[e] > v || (l[e] == v && e < i)) { v = l[e]; i = e; }
     block_argmax(v, i);
     if (i >= E) i = j;  // a row of NaN chose nothing: any valid id keeps the expert reads in bounds
-    if (threadIdx.x == 0) { top_l[j] = v; top_i[j] = i; l[i] = -INFINITY; }
+    // Taken: NaN, which no comparison above picks again (a -inf mark tied with the row's own
+    // -inf logits and a lower index took the same expert twice).
+    if (threadIdx.x == 0) { top_l[j] = v; top_i[j] = i; l[i] = __int_as_float(0x7fffffff); }
     __syncthreads();
   }
   // The denominator: the k chosen (norm), or every expert (restored from the row: l was consumed).

@@ -138,8 +138,9 @@ def test_warmup_serves_a_tiny_model_through_every_plan_and_kernel():
 
 def test_serve_warmup_runs_before_it_listens_and_leaves_nothing_loaded(tmp_path):
     from tests.e2e.daemon import Daemon
-    d = Daemon(tmp_path, "--device", "cpu", "--budget", "256MiB", "--warmup")
+    d = Daemon(tmp_path, "--device", "cpu", "--budget", "256MiB", "--warmup", wait=False)
     try:
+        d.wait_ready(timeout=300)  # seven tiny models served one after another: ~1 min on 2 idle cores
         log = d.log.read_text()
         assert log.index("warmup: gemma3") < log.index("listening on"), log
         st = d.status()
