@@ -34,10 +34,14 @@ def open_model_source(requested: str, models_dirs) -> ModelSource:
     roots = [os.path.realpath(d) for d in models_dirs]
     if not roots:
         raise PermissionDenied(f"model path {excerpt(requested)}: the daemon has no --models-dir, so it loads no files")
-    for real in _candidates(requested, roots):
+    for path, real in _candidates(requested, roots):
         root = _root_of(real, roots)
         if root is None:
             # Refused whether or not it exists: the answer must not reveal files outside.
+            if _root_of(os.path.normpath(path), roots) is not None:  # a name inside whose links lead out
+                raise PermissionDenied(f"model path {excerpt(requested)} leads outside the model directories "
+                                       f"({', '.join(roots)}) through a symbolic link: links out of them are "
+                                       "refused (add the target's directory with --models-dir, or move the file in)")
             raise PermissionDenied(f"model path {excerpt(requested)} is outside the model directories "
                                    f"({', '.join(roots)})")
         source = _open_beneath(root, os.path.relpath(real, root), requested)
@@ -71,7 +75,7 @@ def check_path(requested: str) -> None:
 
 
 def _candidates(requested: str, roots):
-    """Resolved paths to try, in order (lazily: the first one found wins)."""
+    """(path, resolved path) pairs to try, in order (lazily: the first one found wins)."""
     if "/" not in requested:
         paths = (os.path.join(r, n) for r in roots for n in (requested, requested + ".gguf"))
     elif os.path.isabs(requested):
@@ -80,7 +84,7 @@ def _candidates(requested: str, roots):
         paths = (os.path.join(r, requested) for r in roots)
     for path in paths:
         try:
-            yield os.path.realpath(path)
+            yield path, os.path.realpath(path)
         except FileNotFoundError:
             continue  # a link that went away between realpath's lstat and its readlink: not there
         except OSError as e:

@@ -85,6 +85,17 @@ def test_files_outside_are_refused(tree):
             open_model_source(p, [models])
 
 
+def test_a_link_out_of_the_directory_is_named_as_one(tree):
+    """A name inside (an operator's link into a download cache, say) that resolves outside: the
+    refusal says a link led out and what to do, not that the name given is outside."""
+    models, outside = tree
+    (models / "out.gguf").symlink_to(outside / "secret.gguf")
+    with pytest.raises(PermissionDenied, match="leads outside .* through a symbolic link.*--models-dir"):
+        open_model_source("out", [models])
+    with pytest.raises(PermissionDenied, match="is outside the model directories"):
+        open_model_source(str(outside / "secret.gguf"), [models])
+
+
 def test_what_is_not_a_regular_file_is_not_found(tree):
     models, _ = tree
     os.mkfifo(models / "fifo.gguf")  # opening a FIFO for reading would wait for a writer
@@ -105,7 +116,7 @@ def test_no_directories_load_nothing(tree):
 # ---- the open follows no link the check did not see -------------------------------------------
 def resolved_as(monkeypatch, real):
     """As if realpath saw `real` and the tree changed before the open."""
-    monkeypatch.setattr(paths, "_candidates", lambda *a: iter([real]))
+    monkeypatch.setattr(paths, "_candidates", lambda *a: iter([(real, real)]))
 
 
 def test_a_file_swapped_for_a_link_after_the_check_is_refused(tree, monkeypatch):
