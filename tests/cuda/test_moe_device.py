@@ -36,6 +36,17 @@ def test_topk_is_route(n, E, k, norm):
         np.testing.assert_allclose(wts[t][np.argsort(ids[t])], p[t][np.argsort(top[t])], rtol=2e-6, atol=1e-7)
 
 
+def test_topk_picks_distinct_experts_past_the_finite_logits():
+    """A row with fewer finite logits than k: the rest come from the -inf ones, each once (a taken
+    expert marked -inf tied with them and was taken again)."""
+    logits = np.full((2, 16), -np.inf, np.float32)
+    logits[0, [3, 9]] = (1.0, 2.0)
+    ids, wts = moe_kernels.topk(cp.asarray(logits), 4, True)
+    ids, wts = cp.asnumpy(ids).reshape(2, 4), cp.asnumpy(wts).reshape(2, 4)
+    assert list(ids[0][:2]) == [9, 3] and len(set(ids[0])) == 4 and len(set(ids[1])) == 4
+    np.testing.assert_allclose(wts[0], [1 / (1 + np.exp(-1)), np.exp(-1) / (1 + np.exp(-1)), 0, 0], rtol=1e-6)
+
+
 def test_topk_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="top 9 of 8 experts"):
         moe_kernels.topk(cp.zeros((1, 8), cp.float32), 9)
