@@ -41,7 +41,7 @@ def _headers_digest() -> str:
 def part_key(expression: str) -> str | None:
     """The first template argument of a name expression ("mmvq<12, 1, ...>" -> "12"); None for a
     plain (extern "C") name."""
-    head, lt, rest = expression.partition("<")
+    _, lt, rest = expression.partition("<")
     return rest.split(",")[0].strip(" >") if lt else None
 
 
