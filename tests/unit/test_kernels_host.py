@@ -8,6 +8,7 @@ f64. No GPU: the same source the device compiles, built by g++ (skipped where th
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,7 +41,7 @@ def lib(tmp_path_factory):
     # Fuse a*b+c into FMAs as nvcc does on the device (where this CPU can): see kernels_host.cpp.
     fma = ["-mfma", "-ffp-contract=fast"] if " fma " in Path("/proc/cpuinfo").read_text() else []
     r = subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *fma, f"-I{DIR}", str(SHIM), "-o", str(so)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, preexec_fn=lambda: os.nice(19))  # beside latency-checked tests
     assert r.returncode == 0, r.stderr[-4000:]
     return ctypes.CDLL(str(so))
 
