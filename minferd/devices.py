@@ -52,10 +52,11 @@ class DeviceTraits:
 
 
 def device_moe() -> bool:
-    """MINFERD_DEVICE_MOE=1: MoE routing and grouped prefill on the device (backend/cuda_moe.py),
-    read where a backend is made and where its scratch is estimated, so both agree."""
+    """MoE routing and grouped prefill on the device (backend/cuda_moe.py; MINFERD_DEVICE_MOE=0 turns
+    it off, back to backend/moe.py's expert-by-expert path), read where a backend is made and where its
+    scratch is estimated, so both agree."""
     from minferd.config import valve
-    return valve("MINFERD_DEVICE_MOE") == "1"
+    return valve("MINFERD_DEVICE_MOE") != "0"
 
 
 def moe_grouped_bytes(spec, n: int) -> int:

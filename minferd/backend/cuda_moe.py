@@ -32,8 +32,7 @@ MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an
 
 class CudaMoe:
     """The MoE half of CudaBackend: Backend.moe's dispatch, and the ops backend/moe.py's
-    by_expert runs on (the path while MINFERD_DEVICE_MOE is off: this module's paths stay opt-in
-    until tests/cuda/test_moe_device.py has passed on a GPU; the backend reads it at init)."""
+    by_expert runs on (the path with MINFERD_DEVICE_MOE=0; the backend reads it at init)."""
     moe_on_device = False
 
     def routes_on_device(self, n: int, k: int) -> bool:

@@ -109,8 +109,11 @@ def test_20b_preset_has_the_real_parameter_counts():
     assert 20.8e9 < total < 21.0e9 and 3.5e9 < active < 3.7e9, (total, active)
 
 
-def test_cuda_is_refused_before_any_allocation(synth_model, monkeypatch):
+def test_a_backend_the_arch_lacks_is_refused_before_any_allocation(synth_model, monkeypatch):
+    """gpt-oss runs on CUDA since session 14; the refusal stays for the next architecture that lands
+    on the CPU first."""
     path = synth_model("gpt-oss", "q8_0")
+    monkeypatch.setattr(MODELS["gpt-oss"], "backends", ("cpu",))
 
     def no_backend(*a, **kw):
         raise AssertionError("a backend was made")

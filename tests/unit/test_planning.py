@@ -129,14 +129,14 @@ def test_a_mixtures_experts_count_toward_the_size_gate():
 
 def test_a_mixtures_grouped_prefill_is_reserved_only_where_it_runs(tmp_path, monkeypatch):
     """The grouped GEMMs' buffers (devices.moe_grouped_bytes) are scratch of the device-routed
-    path alone: with MINFERD_DEVICE_MOE off an MoE's estimate holds none of them."""
+    path alone: with MINFERD_DEVICE_MOE=0 an MoE's estimate holds none of them."""
     from minferd.devices import cuda_scratch_bytes, moe_grouped_bytes
     from minferd.model.loader import open_model_file
     from minferd.model.synth import write_model
     write_model(tmp_path / "moe.gguf", "qwen3moe", "tiny", "q4_k_m", seed=1)
     spec = open_model_file(str(tmp_path / "moe.gguf")).spec
-    monkeypatch.delenv("MINFERD_DEVICE_MOE", raising=False)
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "0")
     off = cuda_scratch_bytes(spec, 512, 512)
-    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    monkeypatch.delenv("MINFERD_DEVICE_MOE", raising=False)  # on by default
     on = cuda_scratch_bytes(spec, 512, 512)
     assert moe_grouped_bytes(spec, 512) > 0 and on > off

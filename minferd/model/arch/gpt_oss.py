@@ -19,9 +19,7 @@ SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 
 class GptOssModel(LlamaModel):
-    # CUDA has the parts now (sinks in the attention kernels, YaRN as freq factors, swiglu_oai):
-    # refused there at load until tests/cuda/test_gpt_oss_cuda.py has passed on a GPU.
-    backends = ("cpu",)
+    backends = ("cpu", "cuda")  # tests/cuda/test_gpt_oss_cuda.py (passed on the H200 in session 14)
     graph_safe = False  # prefill routes on the host, a layer at a time (backend/moe.py)
     device_moe = True  # CUDA decode rows route on the device (backend/cuda_moe.py): graphs can hold them
 
