@@ -100,13 +100,17 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
         else:
             host = np.ascontiguousarray(raw).reshape(w.n_rows, row_bytes(qtype, w.row_elems))
             w.data = mem.empty("weights", host.shape, np.uint8)
-        w.data.set(host)
+        # On the model's stream, as the f16 copy below: the passes run there, and a non-blocking
+        # stream does not wait for the null stream's copies and kernels.
+        with self.stream:
+            w.data.set(host)
         return w
 
     def make_w16(self, w: Weight) -> int:
         if w.w16 is None:
             w16 = w.mem.empty("w16", (w.n_rows, w.row_elems), np.float16)
-            dequant_f16(w.qtype, w.data, w16)
+            with self.stream:
+                dequant_f16(w.qtype, w.data, w16)
             w.w16 = w16
         return w.w16.nbytes
 
