@@ -24,7 +24,8 @@
 #            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
 #            that holds the dense class's f16 copy and one that does not (BUDGETS="80GiB 22GiB");
-#            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp
+#            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp;
+#            WHILE_BUILD="cmd" runs cmd while llama.cpp builds (its output in moe-plan.log)
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
 #            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
 set -uo pipefail
@@ -198,6 +199,8 @@ if [ "$stage" = moe ]; then
       python3 -m minferd.cli plan /tmp/q$m.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
     done
   done
+  # WHILE_BUILD: a command run while llama.cpp builds (the GPU is idle then), output to moe-plan.log.
+  [ -n "${WHILE_BUILD:-}" ] && { eval "$WHILE_BUILD"; } >> "$OUT/moe-plan.log" 2>&1
   wait $build; built=$?
   for m in ${MOE_MODELS:-30b}; do
     # AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1": the bench once per setting.
