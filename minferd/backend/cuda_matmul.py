@@ -92,7 +92,7 @@ class CudaMatmuls:
         large matrices and most of 64 rows)."""
         # A decode batch of 9-64 rows may read the quantized bytes once instead.
         small = () if n > mmq_small.MAX_M or not self.small_batch else \
-            (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.ON_DEVICE else ())
+            (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())
         if w.w16 is not None and n >= self.w16_min_tokens:
             allowed = ("cublas",) + small
         else:

@@ -22,10 +22,6 @@ from .mmq_small import check_epilogue, partials, ptr, sm_count, split_sum
 from .quant import TYPES, QuantType, by_name
 
 SUPPORTED: frozenset[str] = frozenset({"IQ4_NL", "IQ4_XS", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
-# What the backend offers the gate table at 9-64 rows: the types tests/cuda/test_tcgemv.py and
-# crossover.py --graph have run on the H200. The others (session 12's decoders, checked on the
-# host only) join once they have; until then their matmuls keep mmq_small or fused_b.
-ON_DEVICE: frozenset[str] = frozenset({"Q4_K", "Q6_K", "Q8_0"})
 MAX_M = 64
 NT8S = (1, 2, 4, 8)  # 8-token tiles: batches of <= 8 (beside mmvq, for bench/crossover.py), 16, 32, 64
 # name -> (warps a CTA, each on its own rows, all sharing the CTA's staged x; blocks ahead of the
