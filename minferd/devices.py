@@ -62,13 +62,16 @@ def device_moe() -> bool:
 def moe_grouped_bytes(spec, n: int) -> int:
     """A mixture's prefill of n tokens as grouped GEMMs (backend/cuda_moe.prefill): its n * k picks
     laid out by expert in whole tiles (at most BM - 1 padding rows an expert), the gathered f16
-    input, gate, up, the activation (f32 and f16), down, and the picks' outputs taken back."""
+    input, gate, up, the activation (f32 and f16), down, and the picks' outputs taken back; the
+    routing's ids, weights and layout."""
     if not spec.n_expert:
         return 0
     from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG  # NumPy only
+    from minferd.kernels.moe import layout_rows  # NumPy only
     picks = n * spec.n_expert_used
-    rows = picks + spec.n_expert * (CONFIGS[GROUPED_CONFIG][0] - 1)
-    return rows * (spec.hidden * 2 + spec.expert_ffn * (3 * 4 + 2) + spec.hidden * 4) + picks * spec.hidden * 4
+    rows = layout_rows(picks, spec.n_expert, CONFIGS[GROUPED_CONFIG][0])
+    routing = picks * 4 * 3 + rows * 4 * 2  # ids, weights, pick rows; token rows, row experts
+    return routing + rows * (spec.hidden * 2 + spec.expert_ffn * (3 * 4 + 2) + spec.hidden * 4) + picks * spec.hidden * 4
 
 
 def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:

@@ -7,10 +7,12 @@ mmvq_ids over those ids (each pick reads only its expert's bytes, x quantized on
 activation (which leaves its output in the mat-vec format), down as mmvq_ids, and moe.combine
 (the weighted sum onto the residual).
 
-Past MAX_ROWS (prefill) the routing comes to the host once a layer, as by_expert's does, to lay
-the picks out by expert in whole tiles (backend/moe.py's align); then each projection is ONE
-fused_b_grouped launch over every expert's tile (the tile's expert read on the device), the
-activation one launch over all picks, and combine the weighted sum: ~9 launches a layer where
+Past MAX_ROWS (prefill) topk routes on the device too, and moe.align lays the picks out by expert
+in whole tiles there (backend/moe.py's align), sized for the most rows any routing can take:
+nothing comes back to the host (session 12's host round trip a layer cost the 30b-a3b ~1.9 ms a
+layer whatever the prompt's length, s14). Then each projection is ONE fused_b_grouped launch over
+every expert's tile (the tile's expert read on the device, the tiles past the layout skipped), the
+activation one launch over all rows, and combine the weighted sum: ~12 launches a layer where
 by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens: all 128 of them, each layer).
 Both take gpt-oss's router bias, expert biases (gathered by expert id) and swiglu_oai.
 backend/moe.py's by_expert, their CPU reference (tests/cuda/test_moe_device.py), runs while
@@ -19,10 +21,8 @@ the valve is off.
 from __future__ import annotations
 
 import cupy as cp
-import numpy as np
 
 from minferd.backend.base import Weight
-from minferd.backend.moe import align, route
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
 from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
@@ -116,16 +116,12 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     """Backend.moe's contract for any rows, as grouped GEMMs (the module doc); gpt-oss's parts as
     moe's, each tile's rows taking the bias of the tile's expert."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    n, n_expert = x.shape[0], router.n_rows
-    top, p = route(be.to_host(be.matmul(x, router, router_bias)), k, norm_topk)  # the layer's one host round trip
-    rows, tile_expert, pick_row = align(top, n_expert, BM)
-    M, T, P = rows.size, tile_expert.size, n * k
-    # One copy up (a copy from the host waits for the stream): rows, tiles, picks, weights.
-    buf = be.to_device(np.concatenate([rows, tile_expert, pick_row, p.ravel().astype(np.float32).view(np.int32)]))
-    rows_d, tiles_d, picks_d = buf[:M], buf[M:M + T], buf[M + T:M + T + P]
-    wts = buf[M + T + P:].view(cp.float32)
-    xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (M, hidden) f16, each expert's tokens in its tiles
-    row_expert = None if exps_bias is None else cp.repeat(tiles_d, BM)
+    n_expert = router.n_rows
+    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
+    rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
+    xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (rows, hidden) f16, each expert's tokens in its tiles
+    # The skipped tiles' rows gather expert 0's bias: rows nothing reads.
+    row_expert = None if exps_bias is None else cp.repeat(cp.maximum(tiles_d, 0), BM)
     g = _biased(be, _grouped(gate_exps, n_expert, xg, tiles_d), exps_bias, 0, row_expert)
     u = _biased(be, _grouped(up_exps, n_expert, xg, tiles_d), exps_bias, 1, row_expert)
     # SwiGLU leaves its f16 rounding for the down projection (be._as_f16 finds it); swiglu_oai

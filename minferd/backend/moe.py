@@ -40,18 +40,25 @@ def groups(top: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(picks[order], np.arange(n_expert + 1))
 
 
-def align(top: np.ndarray, n_expert: int, bm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def align(top: np.ndarray, n_expert: int, bm: int, rows_max: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The picks laid out for a grouped GEMM (one launch per projection): each expert's picks in
     a run of rows padded to whole tiles of bm. Returns (token of each padded row, padding rows
-    repeating their tile's first token; the expert of each tile; each pick's row, picks in
-    top.ravel() order, token-major). A tile's rows all belong to one expert."""
+    repeating their expert's first token; the expert of each tile; each pick's row, picks in
+    top.ravel() order, token-major). A tile's rows all belong to one expert. rows_max (a multiple
+    of bm, at least the layout's rows): the layout padded to it with token 0 in tiles of expert -1,
+    which the grouped GEMM skips (kernels/moe.py's align, on the device, is this)."""
     n, k = top.shape
     order, bounds = groups(top, n_expert)
     counts = np.diff(bounds)
     tiles = -(-counts // bm)
     tile_expert = np.repeat(np.arange(n_expert, dtype=np.int32), tiles)
     start = np.concatenate([[0], np.cumsum(tiles * bm)]).astype(np.int64)  # each expert's first row
-    rows = np.empty(int(start[-1]), np.int32)
+    used = int(start[-1])
+    if rows_max is not None:
+        if rows_max % bm or rows_max < used:
+            raise ValueError(f"align: {rows_max} rows cannot hold a layout of {used} in tiles of {bm}")
+        tile_expert = np.concatenate([tile_expert, np.full((rows_max - used) // bm, -1, np.int32)])
+    rows = np.zeros(used if rows_max is None else rows_max, np.int32)
     pick_row = np.empty(n * k, np.int32)
     for e in np.flatnonzero(counts):
         mine = order[bounds[e]:bounds[e + 1]]

@@ -106,13 +106,16 @@ struct TileLoader {
 // Grid: (ceil(M / BM), ceil(N / BN)); blockIdx.x walks M first, so the CTAs in flight share
 // few W tiles (L2 reuse of the larger operand) and all of x. Dynamic smem: see gemm_f16.py.
 // Grouped (an MoE's prefill): w0 stacks experts expert_bytes apart, x's rows are sorted by
-// expert and padded to whole BM tiles, and tile_expert[blockIdx.x] names each M tile's expert.
+// expert and padded to whole BM tiles, and tile_expert[blockIdx.x] names each M tile's expert
+// (-1: a tile past the layout's rows, which the CTA leaves unwritten).
 template <int BT, int BM, int BN, int WM, int WN, int MINB>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
     gemm_f16(const u16* __restrict__ x, const u8* __restrict__ w0, i64 w_rb, float* __restrict__ out, int M, int N,
              int K, int out_vec, const int* __restrict__ tile_expert, i64 expert_bytes) {
   pdl_enter();
-  const u8* __restrict__ w = tile_expert ? w0 + (i64)__ldg(tile_expert + blockIdx.x) * expert_bytes : w0;
+  const int expert = tile_expert ? __ldg(tile_expert + blockIdx.x) : 0;
+  if (expert < 0) return;
+  const u8* __restrict__ w = w0 + (i64)expert * expert_bytes;
   using namespace gf;
   constexpr int THREADS = (BM / WM) * (BN / WN) * 32;
   constexpr bool FUSED = BT != W16;

@@ -190,7 +190,8 @@ def fused_b_grouped(qt, w, n_expert: int, x16, tile_expert, out, *, stream=None)
     """An MoE prefill's projection in one launch: out (Mp, R) f32 row block t of BM rows =
     x16's rows of that block @ f16(dequant(expert tile_expert[t] of w)).T. w: the stacked experts
     (n_expert * R, row_bytes) uint8, expert e its rows e*R ..; x16 (Mp, K) f16, Mp a multiple of
-    BM (GROUPED_CONFIG's); tile_expert (Mp / BM,) int32 on the device, values < n_expert."""
+    BM (GROUPED_CONFIG's); tile_expert (Mp / BM,) int32 on the device, values < n_expert, or -1
+    for a tile to skip (its rows of out stay as they were)."""
     qt = _qt(qt)
     if qt.name not in SUPPORTED:
         raise ValueError(f"fused_b_grouped: type {qt.name} not supported")

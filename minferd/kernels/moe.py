@@ -1,9 +1,12 @@
-"""Launchers of moe.cu: an MoE layer's routing and its weighted sum on the device.
+"""Launchers of moe.cu: an MoE layer's routing, its picks' layout and its weighted sum on the device.
 
 `topk` is backend/moe.py's `route` (its CPU reference) without the trip to the host: each
 token's k experts by the router's logits, in descending order (ties to the lower id), and
-their softmax weights, renormalized over the k where `norm`. `combine` adds each token's k
-expert outputs, weighted, to its residual. Neither synchronises, so both can be captured.
+their softmax weights, renormalized over the k where `norm`. `align` is backend/moe.py's
+`align` (its reference) on the device: the picks by expert in whole tiles of the grouped GEMM,
+sized for the most rows any routing can take (`layout_rows`), so nothing comes back to size it.
+`combine` adds each token's k expert outputs, weighted, to its residual. None synchronises, so
+all can be captured.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from . import kernel
 
 MAX_EXPERTS = 1024  # moe.cu keeps a token's logits in shared memory
 MAX_K = 32
+ALIGN_THREADS = 256  # moe.cu's
 
 
 def _check_f32(a, what: str, ndim: int = 2):
@@ -32,6 +36,33 @@ def topk(logits, k: int, norm: bool = True):
     if n:
         kernel("moe", "moe_topk")((n,), (128,), (logits, np.int32(E), np.int32(k), np.int32(bool(norm)), ids, wts))
     return ids, wts
+
+
+def layout_rows(picks: int, n_expert: int, bm: int) -> int:
+    """The most rows align's layout of `picks` over n_expert experts can take: each expert that has
+    picks pads them to whole tiles of bm (at most bm - 1 rows more), rounded to a whole tile."""
+    return -(-(picks + min(n_expert, picks) * (bm - 1)) // bm) * bm
+
+
+def align(ids, n_expert: int, k: int, bm: int):
+    """ids (n * k,) int32 on the device, each < n_expert (topk's) -> (rows (R,), tile_expert
+    (R / bm,), pick_row (n * k,)), all int32, R = layout_rows(n * k, n_expert, bm): backend/moe.py's
+    align(ids.reshape(n, k), n_expert, bm, R) without leaving the device."""
+    import cupy as cp
+    if ids.dtype != np.int32 or ids.ndim != 1 or not ids.flags.c_contiguous or ids.size % k:
+        raise ValueError(f"moe: align takes C-contiguous int32 picks, {k} a token, got {ids.dtype} {tuple(ids.shape)}")
+    if not 1 <= n_expert <= MAX_EXPERTS or not 1 <= k <= min(n_expert, MAX_K) or bm < 1:
+        raise ValueError(f"moe: align of {k} picks a token over {n_expert} experts in tiles of {bm}")
+    P = ids.size
+    R = layout_rows(P, n_expert, bm)
+    rows, tiles, pick_row = cp.empty(R, cp.int32), cp.empty(R // bm, cp.int32), cp.empty(P, cp.int32)
+    if P:
+        cnt = cp.empty(n_expert, cp.int32)
+        kernel("moe", "moe_count")((n_expert,), (ALIGN_THREADS,), (ids, np.int32(P), cnt))
+        kernel("moe", "moe_place")((n_expert,), (ALIGN_THREADS,),
+                                   (ids, np.int32(P), np.int32(k), np.int32(n_expert), np.int32(bm), cnt,
+                                    np.int32(R), rows, tiles, pick_row))
+    return rows, tiles, pick_row
 
 
 def combine(y, wts, k: int, residual=None):

@@ -47,6 +47,22 @@ def test_topk_picks_distinct_experts_past_the_finite_logits():
     np.testing.assert_allclose(wts[0], [1 / (1 + np.exp(-1)), np.exp(-1) / (1 + np.exp(-1)), 0, 0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("n,E,k,bm", [(1, 8, 2, 64), (65, 128, 8, 64), (2048, 128, 8, 64), (300, 32, 4, 16),
+                                      (700, 1000, 3, 64), (3000, 4, 4, 64)])
+def test_align_is_the_hosts_align(n, E, k, bm):
+    """moe.align (moe_count, moe_place) against backend/moe.py's align padded to the same rows, bit
+    for bit: the stable order within each expert, padding rows, tiles past the layout."""
+    from minferd.backend.moe import align
+    rng = np.random.default_rng(n + E)
+    top = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
+    if E > 8 and n > 1:  # half the tokens on the first 8 experts: tiles of many rows beside sparse ones
+        top[: n // 2] = np.stack([rng.choice(8, k, replace=False) for _ in range(n // 2)])
+    rows, tiles, picks = (cp.asnumpy(a) for a in moe_kernels.align(cp.asarray(top.ravel()), E, k, bm))
+    want = align(top, E, bm, moe_kernels.layout_rows(n * k, E, bm))
+    for got, ref, what in zip((rows, tiles, picks), want, ("rows", "tile_expert", "pick_row")):
+        assert np.array_equal(got, ref), what
+
+
 def test_topk_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="top 9 of 8 experts"):
         moe_kernels.topk(cp.zeros((1, 8), cp.float32), 9)
@@ -115,11 +131,15 @@ def test_fused_b_grouped_is_fused_b_on_each_tiles_expert(name, to_device):
     K = qt.block_elems * 2 if qt.is_quantized else 128
     raw = random_blocks(qt, E * R, K, rng)
     w = to_device(raw)
-    tiles = np.array([3, 0, 0, 4, 1, 3], np.int32)
+    tiles = np.array([3, 0, 0, 4, 1, 3, -1, -1], np.int32)  # -1: past the layout, skipped
     x16 = cp.asarray(rng.standard_normal((tiles.size * bm, K)).astype(np.float16))
     out = poisoned((tiles.size * bm, R), cp.float32)
+    before = out.copy()
     fused_b_grouped(qt, w, E, x16, cp.asarray(tiles), out)
     for t, e in enumerate(tiles):
+        if e < 0:
+            assert cp.array_equal(out[t * bm:(t + 1) * bm], before[t * bm:(t + 1) * bm], equal_nan=True)
+            continue
         want = cp.empty((bm, R), cp.float32)
         fused_b(qt, w[e * R:(e + 1) * R], cp.ascontiguousarray(x16[t * bm:(t + 1) * bm]), want, config=GROUPED_CONFIG)
         assert cp.array_equal(out[t * bm:(t + 1) * bm], want), f"{name} tile {t} (expert {e})"

@@ -74,3 +74,27 @@ def test_align_lays_out_every_pick_once_in_its_experts_tiles(n, E, k, bm):
     used = np.bincount(top.ravel(), minlength=E)
     assert np.array_equal(np.bincount(tile_expert, minlength=E), -(-used // bm))
     assert set(rows.tolist()) <= set(range(n))
+
+
+@pytest.mark.parametrize("n,E,k,bm", [(1, 8, 2, 64), (65, 128, 8, 64), (2048, 128, 8, 64), (9, 32, 4, 16)])
+def test_align_padded_to_the_bound_keeps_the_layout_and_skips_the_rest(n, E, k, bm):
+    """The device's layout (kernels/moe.py align) is sized before the routing is known: to
+    layout_rows, which no routing exceeds (here the worst, every pick a different expert's where
+    it can be); past the layout, token 0 in tiles of expert -1."""
+    from minferd.backend.moe import align
+    from minferd.kernels.moe import layout_rows
+    rng = np.random.default_rng(n * E)
+    spread = (np.arange(n * k) % E).reshape(n, k)  # as many experts as picks allow, each with few picks
+    for top in (spread, np.stack([rng.choice(E, k, replace=False) for _ in range(n)])):
+        if len(set(top[0])) < k:
+            continue
+        R = layout_rows(n * k, E, bm)
+        rows, tiles, picks = align(top, E, bm)
+        assert rows.size <= R and R % bm == 0
+        prow, ptiles, ppicks = align(top, E, bm, R)
+        assert np.array_equal(prow[:rows.size], rows) and np.array_equal(ppicks, picks)
+        assert np.array_equal(ptiles[:tiles.size], tiles) and (ptiles[tiles.size:] == -1).all()
+        assert (prow[rows.size:] == 0).all() and prow.size == ptiles.size * bm == R
+    for short in (0, R + 1):  # fewer rows than the layout's; not whole tiles
+        with pytest.raises(ValueError, match="cannot hold"):
+            align(spread, E, bm, short)
