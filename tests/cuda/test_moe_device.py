@@ -162,3 +162,22 @@ def test_a_grouped_prefill_matches_cpu(synth_model, arch, quant, matmul_path, ke
     err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
     bound = 0.1 if quant == "q4_k" and matmul_path != "w16" else 2e-2
     assert err < bound and agree >= 0.95, (err, agree)
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q8_0"), ("qwen2moe", "q4_k"), ("gpt-oss", "q8_0")])
+def test_the_devices_layout_changes_no_bit(synth_model, arch, quant, monkeypatch):
+    """A prefill's logits with the layout made on the device (moe.align, padded, tiles past it
+    skipped) and on the host (unpadded) from the same device picks: equal bit for bit, which is what
+    lets cuda_moe.ALIGN_ON_DEVICE be switched on."""
+    from minferd.backend import cuda_moe
+    from minferd.model.generate import prefill
+    from minferd.model.loader import load_local
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    lm = load_local(str(synth_model(arch, quant)), "mmq", device="cuda", ctx=256)
+    ids = np.random.default_rng(7).integers(300, min(lm.spec.n_vocab, 30000) - 1, 200)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(cuda_moe, "ALIGN_ON_DEVICE", on)
+        cache = lm.model.new_cache(lm.model.be.untracked(), ids.size)
+        out[on] = lm.model.be.to_host(prefill(lm.model, ids, cache, all_logits=True))
+    assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])
