@@ -35,6 +35,9 @@ MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an
 # tests/cuda/test_moe_device.py's test_align_is_the_hosts_align and
 # test_the_devices_layout_changes_no_bit have passed on a GPU; until then the host does, as before.
 ALIGN_ON_DEVICE = False
+# Gate and up in one mmvq_ids launch (blockIdx.z; one decode graph node a layer fewer), once
+# tests/cuda/test_moe_device.py's test_mmvq_ids_pairs_gate_and_up has passed on a GPU.
+PAIRED_IDS = False
 
 
 class CudaMoe:
@@ -85,8 +88,8 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
-    g = _biased(be, _products(gate_exps, n_expert, x, xs, ids, k), exps_bias, 0, ids)
-    u = _biased(be, _products(up_exps, n_expert, x, xs, ids, k), exps_bias, 1, ids)
+    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k)
+    g, u = _biased(be, g, exps_bias, 0, ids), _biased(be, u, exps_bias, 1, ids)
     if oai_glu is None:
         h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
         hs = be._xq[2] if down_exps.qtype.is_quantized else None
@@ -106,6 +109,17 @@ def _biased(be, out, exps_bias, i: int, experts):
     if exps_bias is not None:
         out += be.embed(experts, exps_bias[i])
     return out
+
+
+def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int):
+    """Gate's and up's products for every pick: one launch where their experts share a type and
+    a shape (PAIRED_IDS), else one each."""
+    if PAIRED_IDS and gate.qtype == up.qtype and gate.data.shape == up.data.shape:
+        g = cp.empty((ids.shape[0], gate.shape[1]), cp.float32)
+        u = cp.empty_like(g)
+        mmvq_ids(gate.qtype, gate.data, n_expert, x, ids, k, g, scratch=scratch, w2=up.data, out2=u)
+        return g, u
+    return _products(gate, n_expert, x, scratch, ids, k), _products(up, n_expert, x, scratch, ids, k)
 
 
 def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int):

@@ -178,15 +178,18 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
 // (expert e = rows e*nrows .. of W, expert_bytes apart) by x's row p / xdiv (xdiv = k: the
 // token's input to gate / up; 1: the pick's own activation to down) into out's row p. The
 // expert is read on the device, so a decode step that routes on the device can be captured
-// in a graph; each pick reads only its expert's bytes.
+// in a graph; each pick reads only its expert's bytes. blockIdx.z = 1 takes a second tensor of
+// the same shape into out2 from the same x (gate and up: one graph node, not two).
 template <int TYPE, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
-mmvq_ids(const u8* __restrict__ W, i64 expert_bytes, int nrows, const int* __restrict__ ids, int xdiv,
-         float* __restrict__ out, i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds,
-         int K, int kbp) {
+mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, int nrows, const int* __restrict__ ids,
+         int xdiv, float* __restrict__ out, float* __restrict__ out2, i64 row_bytes, int nb, const i8* __restrict__ xq,
+         const float2* __restrict__ xds, int K, int kbp) {
   pdl_enter();
   const int p = blockIdx.y, c = p / xdiv;
-  mmvq_rows<TYPE, 1, NW, KW, R, UNR>(W + (i64)__ldg(ids + p) * expert_bytes, nrows, out + (i64)p * nrows, nullptr,
+  const u8* __restrict__ w = blockIdx.z ? W2 : W;
+  float* __restrict__ o = blockIdx.z ? out2 : out;
+  mmvq_rows<TYPE, 1, NW, KW, R, UNR>(w + (i64)__ldg(ids + p) * expert_bytes, nrows, o + (i64)p * nrows, nullptr,
                                      blockIdx.x, row_bytes, nb, xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1,
                                      nullptr);
 }
@@ -272,13 +275,16 @@ mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float
   mmv_float_rows<TYPE, NC, VEC>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
 }
 
-// mmvq_ids for float experts: x's row p / xdiv in f32.
+// mmvq_ids for float experts: x's row p / xdiv in f32 (blockIdx.z: W2 into out2, as there).
 template <int TYPE, int VEC>
 __global__ void __launch_bounds__(128)
-mmv_float_ids(const u8* __restrict__ W, i64 expert_bytes, int nrows, const int* __restrict__ ids, int xdiv,
-              float* __restrict__ out, i64 row_bytes, int K, const float* __restrict__ x) {
+mmv_float_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, int nrows,
+              const int* __restrict__ ids, int xdiv, float* __restrict__ out, float* __restrict__ out2, i64 row_bytes,
+              int K, const float* __restrict__ x) {
   pdl_enter();
   const int p = blockIdx.y;
-  mmv_float_rows<TYPE, 1, VEC>(W + (i64)__ldg(ids + p) * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
-                               1, out + (i64)p * nrows, nullptr, nullptr);
+  const u8* __restrict__ w = blockIdx.z ? W2 : W;
+  float* __restrict__ o = blockIdx.z ? out2 : out;
+  mmv_float_rows<TYPE, 1, VEC>(w + (i64)__ldg(ids + p) * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
+                               1, o + (i64)p * nrows, nullptr, nullptr);
 }

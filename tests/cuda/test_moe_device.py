@@ -98,6 +98,28 @@ def test_mmvq_ids_is_each_picks_own_product(name, xdiv, to_device):
         assert err < 1e-2, f"{name} pick {p} (expert {e}): rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("name", CUDA_TYPES)
+def test_mmvq_ids_pairs_gate_and_up(name, to_device):
+    """Two stacked tensors in one launch (w2 into out2, blockIdx.z) equal each one launched alone,
+    bit for bit: what lets cuda_moe.PAIRED_IDS be switched on."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id + 7)
+    E, R, P, k = 6, 67, 8, 4
+    K = qt.block_elems * 5 if qt.is_quantized else 64
+    w, w2 = (to_device(random_blocks(qt, E * R, K, rng)) for _ in range(2))
+    xd = cp.asarray(rng.standard_normal((P // k, K)).astype(np.float32))
+    ids = cp.asarray(rng.integers(0, E, P).astype(np.int32))
+    scratch = None
+    if qt.is_quantized:
+        scratch = cp.empty(scratch_bytes(P // k, K), cp.uint8)
+        quantize_x(xd, scratch)
+    out, out2, one, two = (poisoned((P, R), cp.float32) for _ in range(4))
+    mmvq_ids(qt, w, E, xd, ids, k, out, scratch=scratch, w2=w2, out2=out2)
+    mmvq_ids(qt, w, E, xd, ids, k, one, scratch=scratch)
+    mmvq_ids(qt, w2, E, xd, ids, k, two, scratch=scratch)
+    assert cp.array_equal(out, one) and cp.array_equal(out2, two)
+
+
 def test_mmvq_ids_refuses_a_mismatch():
     qt = TYPES["Q8_0"]
     w = cp.zeros((6 * 4, qt.block_bytes), cp.uint8)
@@ -106,6 +128,8 @@ def test_mmvq_ids_refuses_a_mismatch():
         mmvq_ids(qt, w, 5, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32))
     with pytest.raises(ValueError, match="xdiv 1 for 2 rows"):
         mmvq_ids(qt, w, 6, x, cp.zeros(3, cp.int32), 1, cp.zeros((3, 4), cp.float32))
+    with pytest.raises(ValueError, match="w2 and out2 come together"):
+        mmvq_ids(qt, w, 6, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32), w2=w[:12], out2=cp.zeros((2, 4), cp.float32))
 
 
 @pytest.mark.parametrize("path", ["w16", "mmq"])
