@@ -185,6 +185,10 @@ class Backend(ABC):
     def rmsnorm(self, x, weight: Weight, eps: float):
         """RMS-normalise over the last axis, times weight (broadcast over leading axes)."""
 
+    def rmsnorm_pair(self, a, wa: Weight, b, wb: Weight, eps: float):
+        """rmsnorm of a and of b (q's and k's heads); the CUDA backend runs both in one launch."""
+        return self.rmsnorm(a, wa, eps), self.rmsnorm(b, wb, eps)
+
     @abstractmethod
     def rope(self, x, positions: np.ndarray, base: float, scale: float, neox: bool, freq_factors=None):
         """Rotate x (n, heads, head_dim) in place or not; returns the rotated array: pair i of a

@@ -13,7 +13,7 @@ import contextlib
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_sample, gates, pending
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -201,6 +201,16 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
             (getattr(model, "device_moe", False) and self.routes_on_device(rows, model.spec.n_expert_used))
 
     # ---- small ops -----------------------------------------------------------------------
+    def rmsnorm_pair(self, a, wa: Weight, b, wb: Weight, eps):
+        if not pending.ready("qk_norm_pair") or a.ndim != 3 or b.ndim != 3 or a.shape[-1] != b.shape[-1]:
+            return super().rmsnorm_pair(a, wa, b, wb, eps)
+        a, b = (cp.ascontiguousarray(t, dtype=cp.float32) for t in (a, b))
+        oa, ob = cp.empty_like(a), cp.empty_like(b)
+        ra, rows, d = a.size // a.shape[-1], (a.size + b.size) // a.shape[-1], a.shape[-1]
+        _op("rmsnorm_pair")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
+                            (a, wa.data, oa, np.int32(ra), b, wb.data, ob, np.int32(d), np.float32(eps)))
+        return oa, ob
+
     def rmsnorm(self, x, weight: Weight, eps):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         d = x.shape[-1]

@@ -10,7 +10,7 @@ activation (which leaves its output in the mat-vec format), down as mmvq_ids, an
 Past MAX_ROWS (prefill) topk routes on the device too, and moe.align lays the picks out by expert
 in whole tiles there (backend/moe.py's align), sized for the most rows any routing can take:
 nothing comes back to the host (the host round trip a layer cost the 30b-a3b ~1.9 ms a layer
-whatever the prompt's length, s14). Until moe.align has run on a GPU (ALIGN_ON_DEVICE) the
+whatever the prompt's length, s14). Until moe.align has run on a GPU (backend/pending.py) the
 layout is made on the host from the device's picks, one round trip a layer. Then each projection is ONE fused_b_grouped launch over
 every expert's tile (the tile's expert read on the device, the tiles past the layout skipped), the
 activation one launch over all rows, and combine the weighted sum: ~12 launches a layer where
@@ -24,6 +24,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from minferd.backend import pending
 from minferd.backend.base import Weight
 from minferd.backend.moe import align
 from minferd.kernels import moe as moe_kernels
@@ -31,13 +32,6 @@ from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SU
 from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
-# moe.align (written in session 14 after the device time ran out) lays a prefill's picks out once
-# tests/cuda/test_moe_device.py's test_align_is_the_hosts_align and
-# test_the_devices_layout_changes_no_bit have passed on a GPU; until then the host does, as before.
-ALIGN_ON_DEVICE = False
-# Gate and up in one mmvq_ids launch (blockIdx.z; one decode graph node a layer fewer), once
-# tests/cuda/test_moe_device.py's test_mmvq_ids_pairs_gate_and_up has passed on a GPU.
-PAIRED_IDS = False
 
 
 class CudaMoe:
@@ -113,8 +107,8 @@ def _biased(be, out, exps_bias, i: int, experts):
 
 def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int):
     """Gate's and up's products for every pick: one launch where their experts share a type and
-    a shape (PAIRED_IDS), else one each."""
-    if PAIRED_IDS and gate.qtype == up.qtype and gate.data.shape == up.data.shape:
+    a shape, else one each."""
+    if pending.ready("paired_ids") and gate.qtype == up.qtype and gate.data.shape == up.data.shape:
         g = cp.empty((ids.shape[0], gate.shape[1]), cp.float32)
         u = cp.empty_like(g)
         mmvq_ids(gate.qtype, gate.data, n_expert, x, ids, k, g, scratch=scratch, w2=up.data, out2=u)
@@ -139,7 +133,7 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
-    if ALIGN_ON_DEVICE:
+    if pending.ready("moe_align"):
         rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
     else:  # the same layout, unpadded, from the host: one round trip, one copy back
         rows, tiles, picks = align(be.to_host(ids).reshape(-1, k), n_expert, BM)

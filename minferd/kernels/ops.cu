@@ -33,13 +33,12 @@ __device__ float block_sum(float v) {
     return warp_sum(v);
 }
 
-// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (one block per row); with out16 set,
-// also its f16 rounding (what a prefill GEMM reads: the separate cast was 13% of a pp2048).
-extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
-                                       float* __restrict__ out, int dim, float eps, __half* __restrict__ out16) {
-    pdl_enter();
-    const float* xr = x + (long long)blockIdx.x * dim;
-    float* orow = out + (long long)blockIdx.x * dim;
+// Row `row` of x normalised into out (and out16, where set): the block's share of it.
+__device__ __forceinline__ void rmsnorm_row(const float* __restrict__ x, const float* __restrict__ w,
+                                            float* __restrict__ out, long long row, int dim, float eps,
+                                            __half* __restrict__ out16) {
+    const float* xr = x + row * dim;
+    float* orow = out + row * dim;
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = 1.0f / sqrtf(block_sum(ss) / dim + eps);
@@ -47,8 +46,27 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
     for (int i = threadIdx.x + blockIdx.y * blockDim.x; i < dim; i += blockDim.x * gridDim.y) {
         float v = xr[i] * inv * w[i];
         orow[i] = v;
-        if (out16) out16[(long long)blockIdx.x * dim + i] = __float2half_rn(v);
+        if (out16) out16[row * dim + i] = __float2half_rn(v);
     }
+}
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (one block per row); with out16 set,
+// also its f16 rounding (what a prefill GEMM reads: the separate cast was 13% of a pp2048).
+extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                       float* __restrict__ out, int dim, float eps, __half* __restrict__ out16) {
+    pdl_enter();
+    rmsnorm_row(x, w, out, blockIdx.x, dim, eps, out16);
+}
+
+// rmsnorm_f32 of two tensors of rows of dim in one launch: blocks 0 .. rows - 1 take x's rows
+// with w, the rest x2's with w2 (qwen3's q and k head norms: one graph node, not two).
+extern "C" __global__ void rmsnorm_pair(const float* __restrict__ x, const float* __restrict__ w,
+                                        float* __restrict__ out, int rows, const float* __restrict__ x2,
+                                        const float* __restrict__ w2, float* __restrict__ out2, int dim, float eps) {
+    pdl_enter();
+    const int r = blockIdx.x;
+    if (r < rows) rmsnorm_row(x, w, out, r, dim, eps, nullptr);
+    else rmsnorm_row(x2, w2, out2, r - rows, dim, eps, nullptr);
 }
 
 // rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),

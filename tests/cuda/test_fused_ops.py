@@ -47,6 +47,21 @@ def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     assert np.array_equal(fused[:len(quantized(out))], quantized(out))
 
 
+@pytest.mark.parametrize("n", [1, 5, 40])  # rows of both: <= 64 share RMSNORM_CTAS CTAs a row, more take one
+def test_rmsnorm_pair_is_two_rmsnorms(be, n, monkeypatch):
+    """q's and k's head norms in one launch (rmsnorm_pair) equal the two rmsnorm launches bit for
+    bit: what lets backend/pending.py's qk_norm_pair be switched on."""
+    from minferd.backend import pending
+    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"qk_norm_pair"})
+    q, k = (cp.asarray(rng.standard_normal((n, h, 128)).astype(np.float32) * 3) for h in (16, 4))
+    wq, wk = (vec(rng.standard_normal(128).astype(np.float32)) for _ in range(2))
+    cp.cuda.Device().synchronize()  # the null stream's uploads, before the backend's stream reads them
+    with be.scope():
+        got_q, got_k = be.rmsnorm_pair(q, wq, k, wk, 1e-6)
+        want_q, want_k = be.rmsnorm(q, wq, 1e-6), be.rmsnorm(k, wk, 1e-6)
+        assert cp.array_equal(got_q, want_q) and cp.array_equal(got_k, want_k)
+
+
 @pytest.mark.parametrize("act", ["swiglu", "gelu_gate"])
 def test_act_gate_leaves_quantize_x_format(be, act):
     g, u = (cp.asarray(rng.standard_normal((2, 1024)).astype(np.float32)) for _ in range(2))

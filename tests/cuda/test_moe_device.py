@@ -101,7 +101,7 @@ def test_mmvq_ids_is_each_picks_own_product(name, xdiv, to_device):
 @pytest.mark.parametrize("name", CUDA_TYPES)
 def test_mmvq_ids_pairs_gate_and_up(name, to_device):
     """Two stacked tensors in one launch (w2 into out2, blockIdx.z) equal each one launched alone,
-    bit for bit: what lets cuda_moe.PAIRED_IDS be switched on."""
+    bit for bit: what lets backend/pending.py's paired_ids be switched on."""
     qt = TYPES[name]
     rng = np.random.default_rng(qt.ggml_id + 7)
     E, R, P, k = 6, 67, 8, 4
@@ -192,16 +192,16 @@ def test_a_grouped_prefill_matches_cpu(synth_model, arch, quant, matmul_path, ke
 def test_the_devices_layout_changes_no_bit(synth_model, arch, quant, monkeypatch):
     """A prefill's logits with the layout made on the device (moe.align, padded, tiles past it
     skipped) and on the host (unpadded) from the same device picks: equal bit for bit, which is what
-    lets cuda_moe.ALIGN_ON_DEVICE be switched on."""
-    from minferd.backend import cuda_moe
+    lets backend/pending.py's moe_align be switched on."""
+    from minferd.backend import pending
     from minferd.model.generate import prefill
     from minferd.model.loader import load_local
     monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
     lm = load_local(str(synth_model(arch, quant)), "mmq", device="cuda", ctx=256)
     ids = np.random.default_rng(7).integers(300, min(lm.spec.n_vocab, 30000) - 1, 200)
-    out = {}
+    out, waiting = {}, pending.WAITING - {"moe_align"}
     for on in (False, True):
-        monkeypatch.setattr(cuda_moe, "ALIGN_ON_DEVICE", on)
+        monkeypatch.setattr(pending, "WAITING", waiting if on else waiting | {"moe_align"})
         cache = lm.model.new_cache(lm.model.be.untracked(), ids.size)
         out[on] = lm.model.be.to_host(prefill(lm.model, ids, cache, all_logits=True))
     assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])

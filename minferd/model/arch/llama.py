@@ -112,8 +112,7 @@ class LlamaModel:
         k = k.reshape(n, s.n_kv_heads, s.head_dim)
         v = v.reshape(n, s.n_kv_heads, s.head_dim)
         if s.qk_norm:
-            q = be.rmsnorm(q, self.w[p + "attn_q_norm.weight"], s.norm_eps)
-            k = be.rmsnorm(k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
+            q, k = be.rmsnorm_pair(q, self.w[p + "attn_q_norm.weight"], k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
         return q, k, v
 
     def attention(self, i: int, x, batch: Batch, cache: KVCache):

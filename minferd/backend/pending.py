@@ -1,0 +1,20 @@
+"""Kernel paths written where no GPU was at hand (a session's device time spent): each stays off
+until its tests in tests/cuda have passed on one, and the session that sees them pass takes its
+name out of WAITING (and says so in bench/NOTES.md). Until then the path it would replace runs.
+Tests switch one on with monkeypatch (tests/cuda), so the new path is what they check."""
+from __future__ import annotations
+
+PATHS = {
+    "moe_align": "an MoE prefill's layout made on the device (kernels/moe.py align): "
+                 "test_moe_device.py test_align_is_the_hosts_align, test_the_devices_layout_changes_no_bit",
+    "paired_ids": "an MoE decode's gate and up in one mmvq_ids launch: test_moe_device.py test_mmvq_ids_pairs_gate_and_up",
+    "qk_norm_pair": "q's and k's head norms in one launch (ops.cu rmsnorm_pair): test_fused_ops.py "
+                    "test_rmsnorm_pair_is_two_rmsnorms",
+}
+WAITING: set[str] = {"moe_align", "paired_ids", "qk_norm_pair"}
+
+
+def ready(name: str) -> bool:
+    if name not in PATHS:
+        raise KeyError(f"{name} is not a pending path ({', '.join(PATHS)})")
+    return name not in WAITING
