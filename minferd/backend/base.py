@@ -185,6 +185,10 @@ class Backend(ABC):
     def rmsnorm(self, x, weight: Weight, eps: float):
         """RMS-normalise over the last axis, times weight (broadcast over leading axes)."""
 
+    def precompile(self, type_ids, head_dims) -> None:
+        """Get ready the kernels a model of these tensor types (ggml ids) and head dims runs, before
+        its first pass needs them (the CUDA backend compiles them side by side)."""
+
     def rmsnorm_pair(self, a, wa: Weight, b, wb: Weight, eps: float):
         """rmsnorm of a and of b (q's and k's heads); the CUDA backend runs both in one launch."""
         return self.rmsnorm(a, wa, eps), self.rmsnorm(b, wb, eps)

@@ -9,6 +9,7 @@ own kernels only (CuPy refuses cuBLAS inside capture), positions read from a dev
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import cupy as cp
 import numpy as np
@@ -28,6 +29,7 @@ from minferd.kernels.quant import QuantType, row_bytes
 
 from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
 
+log = logging.getLogger("minferd")
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
 
 
@@ -199,6 +201,16 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
         model's that says so, and an MoE's decode rows where its routing runs on the device."""
         return getattr(model, "graph_safe", True) or \
             (getattr(model, "device_moe", False) and self.routes_on_device(rows, model.spec.n_expert_used))
+
+    def precompile(self, type_ids, head_dims) -> None:
+        # Side by side: a first pass compiles the parts it lacks one after another (the 7B's took
+        # 21.8 s so, s14). From CuPy's disk cache where warmup put them; each once a process.
+        from minferd.kernels.precompile import compile_parts, parts_for
+        try:
+            compile_parts(parts_for(set(type_ids) | {0, 1}, head_dims), self.memory.device_id)
+        except Exception as e:  # noqa: BLE001 - the pass that needs a failed part compiles it and raises there
+            log.warning("compiling the kernels ahead failed (%s: %s); they compile when first run",
+                        type(e).__name__, str(e)[:200])
 
     # ---- small ops -----------------------------------------------------------------------
     def rmsnorm_pair(self, a, wa: Weight, b, wb: Weight, eps):

@@ -145,6 +145,7 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
 
 
 def build_model(mf: ModelFile, backend: Backend, weights: dict[str, Weight]):
+    backend.precompile({t.qtype.ggml_id for t, _ in mf.tensors.values()}, {mf.spec.head_dim})
     return MODELS[mf.spec.arch](mf.spec, weights, backend)
 
 

@@ -56,3 +56,23 @@ def test_warmup_compiles_every_part_once():
     todo = every_part()
     assert len(todo) == len(set(todo))
     assert {s for s, _ in todo} == set(module_names())
+
+
+def test_a_models_parts_are_its_types_and_head_dims():
+    """precompile.parts_for: a Q4_K_M 7B (F32, Q4_K, Q6_K; head dim 128) compiles its types' parts of
+    every typed module, head dim 128's of attention, every part of sample and mmq, and every
+    module's extern "C" part; no other type's or head dim's."""
+    from minferd.kernels.precompile import parts_for
+    q4k, q6k, q5k = (TYPES[n].ggml_id for n in ("Q4_K", "Q6_K", "Q5_K"))
+    got = parts_for({0, 1, q4k, q6k}, {128})
+    names = {e for _, exprs in got for e in exprs}
+    assert {stem for stem, exprs in got if not exprs} == set(module_names())
+    for stem, exprs in every_part():
+        if stem in ("sample", "mmq"):
+            assert (stem, exprs) in got
+    keys = {part_key(e) for stem, exprs in got if stem not in ("sample", "mmq") for e in exprs}
+    assert keys <= {str(t) for t in (0, 1, q4k, q6k)} | {"-1", "128"}
+    assert any(e.startswith(f"tcgemv<{q4k},") for e in names) and any(e.startswith(f"mmvq<{q6k},") for e in names)
+    assert not any(e.startswith(f"mmvq<{q5k},") for e in names)
+    assert any(e.startswith("attn_decode") and part_key(e) == "128" for e in names)
+    assert len(got) < len(every_part()) / 2
