@@ -198,9 +198,9 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
 
     def graph_safe(self, model, rows: int) -> bool:
         """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any
-        model's that says so, and an MoE's decode rows where its routing runs on the device."""
+        model's that says so, and an MoE's where its layers of that many rows do not (cuda_moe)."""
         return getattr(model, "graph_safe", True) or \
-            (getattr(model, "device_moe", False) and self.routes_on_device(rows, model.spec.n_expert_used))
+            (getattr(model, "device_moe", False) and not self.moe_reads_host(model, rows))
 
     def precompile(self, type_ids, head_dims) -> None:
         # Side by side: a first pass compiles the parts it lacks one after another (the 7B's took

@@ -5,8 +5,9 @@ Tests switch one on with monkeypatch (tests/cuda), so the new path is what they 
 from __future__ import annotations
 
 PATHS = {
-    "moe_align": "an MoE prefill's layout made on the device (kernels/moe.py align): "
-                 "test_moe_device.py test_align_is_the_hosts_align, test_the_devices_layout_changes_no_bit",
+    "moe_align": "an MoE prefill's layout made on the device (kernels/moe.py align), and so its prefill graphs: "
+                 "test_moe_device.py test_align_is_the_hosts_align, test_the_devices_layout_changes_no_bit; "
+                 "test_prefill_graph.py test_an_moe_prefill_through_its_graph_equals_the_eager_pass",
     "paired_ids": "an MoE decode's gate and up in one mmvq_ids launch: test_moe_device.py test_mmvq_ids_pairs_gate_and_up",
     "qk_norm_pair": "q's and k's head norms in one launch (ops.cu rmsnorm_pair): test_fused_ops.py "
                     "test_rmsnorm_pair_is_two_rmsnorms",

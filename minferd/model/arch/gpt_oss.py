@@ -20,8 +20,8 @@ SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 class GptOssModel(LlamaModel):
     backends = ("cpu", "cuda")  # tests/cuda/test_gpt_oss_cuda.py (passed on the H200 in session 14)
-    graph_safe = False  # prefill routes on the host, a layer at a time (backend/moe.py)
-    device_moe = True  # CUDA decode rows route on the device (backend/cuda_moe.py): graphs can hold them
+    graph_safe = False  # the routing may come back to the host, a layer at a time (backend/moe.py)
+    device_moe = True  # where it stays on the device, graphs can hold the pass (cuda_moe.moe_reads_host)
 
     @classmethod
     def expected_tensors(cls, s):

@@ -10,8 +10,8 @@ from minferd.model.arch.qwen3 import Qwen3Model
 
 class Qwen3MoeModel(Qwen3Model):
     backends = ("cpu", "cuda")  # tests/cuda/test_moe_cuda.py
-    graph_safe = False  # prefill routes on the host, a layer at a time (backend/moe.py's by_expert)
-    device_moe = True  # CUDA decode rows route on the device (backend/cuda_moe.py): graphs can hold them
+    graph_safe = False  # the routing may come back to the host, a layer at a time (backend/moe.py)
+    device_moe = True  # where it stays on the device, graphs can hold the pass (cuda_moe.moe_reads_host)
 
     @classmethod
     def layer_tensors(cls, s, p):
