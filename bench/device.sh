@@ -6,6 +6,7 @@
 #            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
+#   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
@@ -104,6 +105,11 @@ if want kernels; then
   python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"
   python3 bench/mmq.py --json "$OUT/mmq.json" 2>&1 | tee -a "$OUT/kernels.log"
   python3 bench/gemm_f16.py --json "$OUT/gemm_f16.json" 2>&1 | tee -a "$OUT/kernels.log"
+fi
+if [ "$stage" = matvec ]; then
+  # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
+  python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models 7b,0.5b --no-dequant \
+    --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
 fi
 if [ "$stage" = verify ]; then
   # A session's whole check in one call: llama.cpp builds in the background (carry .llama, made by
