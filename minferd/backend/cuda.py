@@ -197,10 +197,15 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
         return out
 
     def graph_safe(self, model, rows: int) -> bool:
-        """A pass of `rows` tokens reads nothing back on the host, so a graph can hold it: any
-        model's that says so, and an MoE's where its layers of that many rows do not (cuda_moe)."""
-        return getattr(model, "graph_safe", True) or \
-            (getattr(model, "device_moe", False) and not self.moe_reads_host(model, rows))
+        """Whether a graph may hold a pass of `rows` tokens: any model's that says it never reads
+        results on the host; an MoE's decode rows where they route on the device, and its prefill
+        graphs' rows where the grouped GEMMs' layout stays on the device too. The MoE steps of
+        9-256 rows between stay eager: each decode bucket's graph would keep grouped buffers of its
+        own (~200 MB a bucket for the 30b-a3b), which devices.cuda_scratch_bytes does not hold."""
+        if getattr(model, "graph_safe", True):
+            return True
+        return getattr(model, "device_moe", False) and (
+            self.routes_on_device(rows, model.spec.n_expert_used) or (rows > self.graph_rows and self.prefill_on_device(model)))
 
     def precompile(self, type_ids, head_dims) -> None:
         # Side by side: a first pass compiles the parts it lacks one after another (the 7B's took

@@ -44,14 +44,11 @@ class CudaMoe:
         below; a file may ask for more picks than moe.cu's top-k holds: those route on the host)."""
         return self.moe_on_device and n <= MAX_ROWS and k <= moe_kernels.MAX_K
 
-    def moe_reads_host(self, model, rows: int) -> bool:
-        """Whether an MoE layer of `rows` tokens reads its routing back on the host (so no graph
-        can hold the pass): not where decode rows route on the device, nor where a prefill's
-        grouped GEMMs take their layout from moe.align."""
-        if self.routes_on_device(rows, model.spec.n_expert_used):
-            return False
-        return not (self.moe_on_device and pending.ready("moe_align") and all(
-            w.qtype.name in GROUPED_TYPES for name, w in model.w.items() if name.endswith("_exps.weight")))
+    def prefill_on_device(self, model) -> bool:
+        """Whether the model's MoE layers past the decode rows read nothing back on the host: grouped
+        GEMMs (every expert tensor of a type they take) laid out by moe.align."""
+        return self.moe_on_device and pending.ready("moe_align") and all(
+            w.qtype.name in GROUPED_TYPES for name, w in model.w.items() if name.endswith("_exps.weight"))
 
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
