@@ -6,6 +6,7 @@
 #            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
+#   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
@@ -105,6 +106,14 @@ if want kernels; then
   python3 bench/crossover.py --table "$OUT/prefill_gates_h200.json" 2>&1 | tee "$OUT/kernels.log"
   python3 bench/mmq.py --json "$OUT/mmq.json" 2>&1 | tee -a "$OUT/kernels.log"
   python3 bench/gemm_f16.py --json "$OUT/gemm_f16.json" 2>&1 | tee -a "$OUT/kernels.log"
+fi
+if [ "$stage" = pending ]; then
+  # backend/pending.py's waiting paths: their own tests (each path's list in pending.PATHS). A pass
+  # lets the next commit take the names out of pending.WAITING.
+  files=$(python3 -c "from minferd.backend import pending; print(' '.join(pending.tests()[0]))")
+  names=$(python3 -c "from minferd.backend import pending; print(' or '.join(pending.tests()[1]))")
+  timeout -s INT ${TEST_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=5 $files -k "$names" \
+    2>&1 | tee "$OUT/pending.log" | tail -15
 fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).

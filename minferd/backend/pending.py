@@ -29,6 +29,16 @@ def _run_anyway() -> set[str]:
 WAITING -= _run_anyway()
 
 
+def tests(names=None) -> tuple[list[str], list[str]]:
+    """(test files, test functions) in tests/cuda that the paths `names` (default: the waiting
+    ones) name: what `bench/device.sh pending` runs."""
+    import re
+    text = " ".join(PATHS[n] for n in sorted(WAITING if names is None else names))
+    files = sorted(set(re.findall(r"\b(test_\w+)\.py\b", text)))
+    functions = sorted(set(re.findall(r"\b(test_\w+)\b(?!\.py)", text)) - set(files))
+    return [f"tests/cuda/{f}.py" for f in files], functions
+
+
 def ready(name: str) -> bool:
     if name not in PATHS:
         raise KeyError(f"{name} is not a pending path ({', '.join(PATHS)})")
