@@ -11,10 +11,11 @@ Past MAX_ROWS (prefill) topk routes on the device too, and moe.align lays the pi
 in whole tiles there (backend/moe.py's align), sized for the most rows any routing can take:
 nothing comes back to the host (the host round trip a layer cost the 30b-a3b ~1.9 ms a layer
 whatever the prompt's length, s14). Until moe.align has run on a GPU (backend/pending.py) the
-layout is made on the host from the device's picks, one round trip a layer. Then each projection is ONE fused_b_grouped launch over
-every expert's tile (the tile's expert read on the device, the tiles past the layout skipped), the
-activation one launch over all rows, and combine the weighted sum: ~12 launches a layer where
-by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens: all 128 of them, each layer).
+layout is made on the host from the device's picks, one round trip a layer. Then each projection
+is ONE fused_b_grouped launch over every expert's tile (the tile's expert read on the device, the
+tiles past the layout skipped), the activation one launch over all rows, and combine the weighted
+sum: ~12 launches a layer where by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens:
+all 128 of them, each layer).
 Both take gpt-oss's router bias, expert biases (gathered by expert id) and swiglu_oai.
 backend/moe.py's by_expert, their CPU reference (tests/cuda/test_moe_device.py), runs while
 the valve is off.
@@ -44,11 +45,18 @@ class CudaMoe:
         below; a file may ask for more picks than moe.cu's top-k holds: those route on the host)."""
         return self.moe_on_device and n <= MAX_ROWS and k <= moe_kernels.MAX_K
 
+    def groups_on_device(self, n_expert: int, k: int, experts) -> bool:
+        """Whether an MoE layer past the decode rows runs grouped GEMMs (prefill below): its expert
+        tensors of types they take, its routing what moe.topk holds."""
+        return self.moe_on_device and n_expert <= moe_kernels.MAX_EXPERTS and k <= moe_kernels.MAX_K and \
+            all(w.qtype.name in GROUPED_TYPES for w in experts)
+
     def prefill_on_device(self, model) -> bool:
         """Whether the model's MoE layers past the decode rows read nothing back on the host: grouped
-        GEMMs (every expert tensor of a type they take) laid out by moe.align."""
-        return self.moe_on_device and pending.ready("moe_align") and all(
-            w.qtype.name in GROUPED_TYPES for name, w in model.w.items() if name.endswith("_exps.weight"))
+        GEMMs laid out by moe.align."""
+        s = model.spec
+        return pending.ready("moe_align") and self.groups_on_device(
+            s.n_expert, s.n_expert_used, [w for name, w in model.w.items() if name.endswith("_exps.weight")])
 
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
@@ -57,7 +65,7 @@ class CudaMoe:
         args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
         if self.routes_on_device(x.shape[0], k):
             return moe(self, *args)
-        if self.moe_on_device and all(w.qtype.name in GROUPED_TYPES for w in (gate_exps, up_exps, down_exps)):
+        if self.groups_on_device(router.n_rows, k, (gate_exps, up_exps, down_exps)):
             return prefill(self, *args)
         return super().moe(*args)
 
