@@ -91,13 +91,16 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
         residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True):
     """Backend.moe's contract for up to MAX_ROWS rows, through be's matmuls and activation.
     gpt-oss's parts: the router's bias rides in its mat-vec, each pick's expert bias row is
-    gathered by its id (be.embed reads ids on the device), swiglu_oai in place of SwiGLU."""
+    added in the mat-vec's epilogue where the biases are F32 (else gathered by its id: be.embed
+    reads ids on the device), swiglu_oai in place of SwiGLU."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
-    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k)
-    g, u = _biased(be, g, exps_bias, 0, ids), _biased(be, u, exps_bias, 1, ids)
+    rows = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]
+    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, rows[0], rows[1])
+    g = g if rows[0] is not None else _biased(be, g, exps_bias, 0, ids)
+    u = u if rows[1] is not None else _biased(be, u, exps_bias, 1, ids)
     if oai_glu is None:
         h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
         hs = be._xq[2] if down_exps.qtype.is_quantized else None
@@ -106,7 +109,8 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
         hs = be._new_xq(h) if down_exps.qtype.is_quantized else None
         if hs is not None:
             quantize_x(h, hs, max_rows=h.shape[0])
-    y = _biased(be, _products(down_exps, n_expert, h, hs, ids, 1), exps_bias, 2, ids)
+    y = _products(down_exps, n_expert, h, hs, ids, 1, rows[2])
+    y = y if rows[2] is not None else _biased(be, y, exps_bias, 2, ids)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
     return moe_kernels.combine(y, wts, k, res)
 
@@ -119,21 +123,31 @@ def _biased(be, out, exps_bias, i: int, experts):
     return out
 
 
-def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int):
+def _bias_rows(b: Weight):
+    """An expert bias tensor as the f32 (n_expert, rows) mmvq_ids adds in its epilogue (F32 ones,
+    once pending's ids_bias is ready); None: _biased adds it after."""
+    if not pending.ready("ids_bias") or b.qtype.name != "F32":
+        return None
+    return b.data.view(cp.float32).reshape(b.n_rows, b.row_elems)
+
+
+def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int, bias_g=None, bias_u=None):
     """Gate's and up's products for every pick: one launch where their experts share a type and
     a shape, else one each."""
-    if pending.ready("paired_ids") and gate.qtype == up.qtype and gate.data.shape == up.data.shape:
+    if pending.ready("paired_ids") and gate.qtype == up.qtype and gate.data.shape == up.data.shape and \
+            (bias_g is None) == (bias_u is None):
         g = cp.empty((ids.shape[0], gate.shape[1]), cp.float32)
         u = cp.empty_like(g)
-        mmvq_ids(gate.qtype, gate.data, n_expert, x, ids, k, g, scratch=scratch, w2=up.data, out2=u)
+        mmvq_ids(gate.qtype, gate.data, n_expert, x, ids, k, g, scratch=scratch, w2=up.data, out2=u,
+                 bias=bias_g, bias2=bias_u)
         return g, u
-    return _products(gate, n_expert, x, scratch, ids, k), _products(up, n_expert, x, scratch, ids, k)
+    return _products(gate, n_expert, x, scratch, ids, k, bias_g), _products(up, n_expert, x, scratch, ids, k, bias_u)
 
 
-def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int):
+def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int, bias=None):
     rows = w.shape[1]  # (K, R, n_expert): each expert is R rows of w.data
     out = cp.empty((ids.shape[0], rows), cp.float32)
-    mmvq_ids(w.qtype, w.data, n_expert, x, ids, xdiv, out, scratch=scratch)
+    mmvq_ids(w.qtype, w.data, n_expert, x, ids, xdiv, out, scratch=scratch, bias=bias)
     return out
 
 

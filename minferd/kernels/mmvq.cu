@@ -179,19 +179,22 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
 // token's input to gate / up; 1: the pick's own activation to down) into out's row p. The
 // expert is read on the device, so a decode step that routes on the device can be captured
 // in a graph; each pick reads only its expert's bytes. blockIdx.z = 1 takes a second tensor of
-// the same shape into out2 from the same x (gate and up: one graph node, not two).
+// the same shape into out2 from the same x (gate and up: one graph node, not two). B (B2): the
+// experts' f32 biases stacked (n_expert, nrows), or null: expert e's row added (gpt-oss).
 template <int TYPE, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, int nrows, const int* __restrict__ ids,
-         int xdiv, float* __restrict__ out, float* __restrict__ out2, i64 row_bytes, int nb, const i8* __restrict__ xq,
+         int xdiv, float* __restrict__ out, float* __restrict__ out2, const float* __restrict__ B,
+         const float* __restrict__ B2, i64 row_bytes, int nb, const i8* __restrict__ xq,
          const float2* __restrict__ xds, int K, int kbp) {
   pdl_enter();
-  const int p = blockIdx.y, c = p / xdiv;
+  const int p = blockIdx.y, c = p / xdiv, e = __ldg(ids + p);
   const u8* __restrict__ w = blockIdx.z ? W2 : W;
   float* __restrict__ o = blockIdx.z ? out2 : out;
-  mmvq_rows<TYPE, 1, NW, KW, R, UNR>(w + (i64)__ldg(ids + p) * expert_bytes, nrows, o + (i64)p * nrows, nullptr,
-                                     blockIdx.x, row_bytes, nb, xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1,
-                                     nullptr);
+  const float* __restrict__ b = blockIdx.z ? B2 : B;
+  mmvq_rows<TYPE, 1, NW, KW, R, UNR>(w + (i64)e * expert_bytes, nrows, o + (i64)p * nrows,
+                                     b ? b + (i64)e * nrows : nullptr, blockIdx.x, row_bytes, nb,
+                                     xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -279,12 +282,14 @@ mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float
 template <int TYPE, int VEC>
 __global__ void __launch_bounds__(128)
 mmv_float_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, int nrows,
-              const int* __restrict__ ids, int xdiv, float* __restrict__ out, float* __restrict__ out2, i64 row_bytes,
-              int K, const float* __restrict__ x) {
+              const int* __restrict__ ids, int xdiv, float* __restrict__ out, float* __restrict__ out2,
+              const float* __restrict__ B, const float* __restrict__ B2, i64 row_bytes, int K,
+              const float* __restrict__ x) {
   pdl_enter();
-  const int p = blockIdx.y;
+  const int p = blockIdx.y, e = __ldg(ids + p);
   const u8* __restrict__ w = blockIdx.z ? W2 : W;
   float* __restrict__ o = blockIdx.z ? out2 : out;
-  mmv_float_rows<TYPE, 1, VEC>(w + (i64)__ldg(ids + p) * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
-                               1, o + (i64)p * nrows, nullptr, nullptr);
+  const float* __restrict__ b = blockIdx.z ? B2 : B;
+  mmv_float_rows<TYPE, 1, VEC>(w + (i64)e * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
+                               1, o + (i64)p * nrows, b ? b + (i64)e * nrows : nullptr, nullptr);
 }

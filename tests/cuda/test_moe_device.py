@@ -120,6 +120,31 @@ def test_mmvq_ids_pairs_gate_and_up(name, to_device):
     assert cp.array_equal(out, one) and cp.array_equal(out2, two)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "MXFP4", "F16", "F32"])
+def test_mmvq_ids_adds_each_picks_expert_bias(name, to_device):
+    """bias (bias2): each pick's expert row of the f32 (n_expert, rows) biases, added in the
+    epilogue: bit for bit the product then one f32 add (what _biased did), alone and paired."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id + 11)
+    E, R, P, k = 5, 67, 8, 4
+    K = qt.block_elems * 5 if qt.is_quantized else 64
+    w, w2 = (to_device(random_blocks(qt, E * R, K, rng)) for _ in range(2))
+    b, b2 = (cp.asarray(rng.standard_normal((E, R)).astype(np.float32)) for _ in range(2))
+    xd = cp.asarray(rng.standard_normal((P // k, K)).astype(np.float32))
+    ids = cp.asarray(rng.integers(0, E, P).astype(np.int32))
+    scratch = None
+    if qt.is_quantized:
+        scratch = cp.empty(scratch_bytes(P // k, K), cp.uint8)
+        quantize_x(xd, scratch)
+    plain, plain2, one, out, out2 = (poisoned((P, R), cp.float32) for _ in range(5))
+    mmvq_ids(qt, w, E, xd, ids, k, plain, scratch=scratch)
+    mmvq_ids(qt, w2, E, xd, ids, k, plain2, scratch=scratch)
+    mmvq_ids(qt, w, E, xd, ids, k, one, scratch=scratch, bias=b)
+    mmvq_ids(qt, w, E, xd, ids, k, out, scratch=scratch, w2=w2, out2=out2, bias=b, bias2=b2)
+    assert cp.array_equal(one, plain + b[ids]) and cp.array_equal(out, one)
+    assert cp.array_equal(out2, plain2 + b2[ids])
+
+
 def test_mmvq_ids_refuses_a_mismatch():
     qt = TYPES["Q8_0"]
     w = cp.zeros((6 * 4, qt.block_bytes), cp.uint8)
@@ -128,6 +153,8 @@ def test_mmvq_ids_refuses_a_mismatch():
         mmvq_ids(qt, w, 5, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32))
     with pytest.raises(ValueError, match="xdiv 1 for 2 rows"):
         mmvq_ids(qt, w, 6, x, cp.zeros(3, cp.int32), 1, cp.zeros((3, 4), cp.float32))
+    with pytest.raises(ValueError, match="bias must be C-contiguous float32"):
+        mmvq_ids(qt, w, 6, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32), bias=cp.zeros((4, 6), cp.float32))
     with pytest.raises(ValueError, match="w2 and out2 come together"):
         mmvq_ids(qt, w, 6, x, cp.zeros(2, cp.int32), 1, cp.zeros((2, 4), cp.float32), w2=w[:12], out2=cp.zeros((2, 4), cp.float32))
 
