@@ -307,14 +307,15 @@ class CudaBackend(CudaMatmuls, CudaMoe, Backend):
         kernel(gate, up, y, self._new_x16(y))
         return y
 
-    def _act_gate(self, gate, up, act: int):
+    def _act_gate(self, gate, up, act: int, alpha: float = 0.0, limit: float = 0.0):
+        """act_gate_q (act 0 SiLU, 1 GELU, 2 gpt-oss's alpha / limit one): y, and its mat-vec format."""
         gate = cp.ascontiguousarray(gate, dtype=cp.float32)
         up = cp.ascontiguousarray(up, dtype=cp.float32)
         n, K = gate.shape
         y = cp.empty_like(gate)
         scratch = self._new_xq(y)
-        _op("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n),
-                                                                            np.int32(act)) + self._xq_args(scratch, y))
+        _op("act_gate_q")(((n * K + 255) // 256,), (256,), (gate, up, y, np.int32(K), np.int32(n), np.int32(act))
+                          + self._xq_args(scratch, y) + (np.float32(alpha), np.float32(limit)))
         return y
 
     def bind_thread(self) -> None:

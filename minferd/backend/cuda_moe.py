@@ -104,6 +104,9 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     if oai_glu is None:
         h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
         hs = be._xq[2] if down_exps.qtype.is_quantized else None
+    elif pending.ready("oai_act_q"):
+        h = be._act_gate(g, u, 2, *oai_glu)  # swiglu_oai, leaving the mat-vec format as SwiGLU does
+        hs = be._xq[2] if down_exps.qtype.is_quantized else None
     else:
         h = be.swiglu_oai(g, u, *oai_glu)
         hs = be._new_xq(h) if down_exps.qtype.is_quantized else None

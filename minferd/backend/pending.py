@@ -14,10 +14,12 @@ PATHS = {
     "paired_ids": "an MoE decode's gate and up in one mmvq_ids launch: test_moe_device.py test_mmvq_ids_pairs_gate_and_up",
     "ids_bias": "gpt-oss's expert biases added in mmvq_ids' epilogue (six launches a decode layer fewer): "
                 "test_moe_device.py test_mmvq_ids_adds_each_picks_expert_bias",
+    "oai_act_q": "gpt-oss's clamped SwiGLU leaving down's mat-vec format itself (act_gate_q act 2): "
+                 "test_fused_ops.py test_act_gate_oai_is_swiglu_oai",
     "qk_norm_pair": "q's and k's head norms in one launch (ops.cu rmsnorm_pair): test_fused_ops.py "
                     "test_rmsnorm_pair_is_two_rmsnorms",
 }
-WAITING: set[str] = {"moe_align", "paired_ids", "ids_bias", "qk_norm_pair"}
+WAITING: set[str] = {"moe_align", "paired_ids", "ids_bias", "oai_act_q", "qk_norm_pair"}
 
 
 def _run_anyway() -> set[str]:

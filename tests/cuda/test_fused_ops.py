@@ -51,6 +51,19 @@ def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     assert np.array_equal(fused[:len(quantized(out))], quantized(out))
 
 
+@pytest.mark.parametrize("n", [1, 8])  # rows of a decode step's picks (tokens x k)
+def test_act_gate_oai_is_swiglu_oai(be, n):
+    """act_gate_q's act 2 (gpt-oss's clamped SwiGLU) equals the elementwise swiglu_oai bit for bit,
+    and leaves quantize_x's format of it: what lets pending's oai_act_q be switched on."""
+    g, u = (cp.asarray((rng.standard_normal((n, 2880)) * 6).astype(np.float32)) for _ in range(2))
+    with be.scope():
+        y = be._act_gate(g, u, 2, 1.702, 7.0)
+        fused = cp.asnumpy(be._quantized(y))
+        want = be.swiglu_oai(g, u, 1.702, 7.0)
+    assert cp.array_equal(y, want)
+    assert np.array_equal(fused[:len(quantized(y))], quantized(y))
+
+
 @pytest.mark.parametrize("n", [1, 5, 40])  # rows of both: <= 64 share RMSNORM_CTAS CTAs a row, more take one
 def test_rmsnorm_pair_is_two_rmsnorms(be, n, monkeypatch):
     """q's and k's head norms in one launch (rmsnorm_pair) equal the two rmsnorm launches bit for
