@@ -1,6 +1,7 @@
 """Kernel paths written where no GPU was at hand (a session's device time spent): each stays off
-until its tests in tests/cuda have passed on one, and the session that sees them pass takes its
-name out of WAITING (and says so in bench/NOTES.md). Until then the path it would replace runs.
+until its tests in tests/cuda have passed on one, and the session that sees them pass deletes its
+entry here and the `ready` checks of it (and says so in bench/NOTES.md). Until then the path it
+would replace runs.
 Tests switch one on with monkeypatch (tests/cuda), so the new path is what they check; a device
 call's bench with MINFERD_PENDING=name,... (read once, at import)."""
 from __future__ import annotations
@@ -19,7 +20,6 @@ PATHS = {
     "qk_norm_pair": "q's and k's head norms in one launch (ops.cu rmsnorm_pair): test_fused_ops.py "
                     "test_rmsnorm_pair_is_two_rmsnorms",
 }
-WAITING: set[str] = {"moe_align", "paired_ids", "ids_bias", "oai_act_q", "qk_norm_pair"}
 
 
 def _run_anyway() -> set[str]:
@@ -30,14 +30,14 @@ def _run_anyway() -> set[str]:
     return names
 
 
-WAITING -= _run_anyway()
+WAITING: set[str] = set(PATHS) - _run_anyway()
 
 
 def tests(names=None) -> tuple[list[str], list[str]]:
-    """(test files, test functions) in tests/cuda that the paths `names` (default: the waiting
-    ones) name: what `bench/device.sh pending` runs."""
+    """(test files, test functions) in tests/cuda that the paths `names` (default: all of them)
+    name: what `bench/device.sh pending` runs."""
     import re
-    text = " ".join(PATHS[n] for n in sorted(WAITING if names is None else names))
+    text = " ".join(PATHS[n] for n in sorted(PATHS if names is None else names))
     files = sorted(set(re.findall(r"\b(test_\w+)\.py\b", text)))
     functions = sorted(set(re.findall(r"\b(test_\w+)\b(?!\.py)", text)) - set(files))
     return [f"tests/cuda/{f}.py" for f in files], functions
