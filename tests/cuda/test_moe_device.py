@@ -98,13 +98,9 @@ def test_mmvq_ids_is_each_picks_own_product(name, xdiv, to_device):
         assert err < 1e-2, f"{name} pick {p} (expert {e}): rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("name", CUDA_TYPES)
-def test_mmvq_ids_pairs_gate_and_up(name, to_device):
-    """Two stacked tensors in one launch (w2 into out2, blockIdx.z) equal each one launched alone,
-    bit for bit: what lets backend/pending.py's paired_ids be switched on."""
-    qt = TYPES[name]
-    rng = np.random.default_rng(qt.ggml_id + 7)
-    E, R, P, k = 6, 67, 8, 4
+def two_stacks(qt, seed: int, to_device, E: int = 6, R: int = 67, P: int = 8, k: int = 4):
+    """Two stacked expert tensors of qt, x for P // k tokens (quantized where qt is) and P picks."""
+    rng = np.random.default_rng(qt.ggml_id + seed)
     K = qt.block_elems * 5 if qt.is_quantized else 64
     w, w2 = (to_device(random_blocks(qt, E * R, K, rng)) for _ in range(2))
     xd = cp.asarray(rng.standard_normal((P // k, K)).astype(np.float32))
@@ -113,6 +109,15 @@ def test_mmvq_ids_pairs_gate_and_up(name, to_device):
     if qt.is_quantized:
         scratch = cp.empty(scratch_bytes(P // k, K), cp.uint8)
         quantize_x(xd, scratch)
+    return w, w2, xd, ids, scratch, rng
+
+
+@pytest.mark.parametrize("name", CUDA_TYPES)
+def test_mmvq_ids_pairs_gate_and_up(name, to_device):
+    """Two stacked tensors in one launch (w2 into out2, blockIdx.z) equal each one launched alone,
+    bit for bit: what lets backend/pending.py's paired_ids be switched on."""
+    qt, E, R, P, k = TYPES[name], 6, 67, 8, 4
+    w, w2, xd, ids, scratch, _ = two_stacks(qt, 7, to_device, E, R, P, k)
     out, out2, one, two = (poisoned((P, R), cp.float32) for _ in range(4))
     mmvq_ids(qt, w, E, xd, ids, k, out, scratch=scratch, w2=w2, out2=out2)
     mmvq_ids(qt, w, E, xd, ids, k, one, scratch=scratch)
@@ -124,18 +129,9 @@ def test_mmvq_ids_pairs_gate_and_up(name, to_device):
 def test_mmvq_ids_adds_each_picks_expert_bias(name, to_device):
     """bias (bias2): each pick's expert row of the f32 (n_expert, rows) biases, added in the
     epilogue: bit for bit the product then one f32 add (what _biased did), alone and paired."""
-    qt = TYPES[name]
-    rng = np.random.default_rng(qt.ggml_id + 11)
-    E, R, P, k = 5, 67, 8, 4
-    K = qt.block_elems * 5 if qt.is_quantized else 64
-    w, w2 = (to_device(random_blocks(qt, E * R, K, rng)) for _ in range(2))
+    qt, E, R, P, k = TYPES[name], 5, 67, 8, 4
+    w, w2, xd, ids, scratch, rng = two_stacks(qt, 11, to_device, E, R, P, k)
     b, b2 = (cp.asarray(rng.standard_normal((E, R)).astype(np.float32)) for _ in range(2))
-    xd = cp.asarray(rng.standard_normal((P // k, K)).astype(np.float32))
-    ids = cp.asarray(rng.integers(0, E, P).astype(np.int32))
-    scratch = None
-    if qt.is_quantized:
-        scratch = cp.empty(scratch_bytes(P // k, K), cp.uint8)
-        quantize_x(xd, scratch)
     plain, plain2, one, out, out2 = (poisoned((P, R), cp.float32) for _ in range(5))
     mmvq_ids(qt, w, E, xd, ids, k, plain, scratch=scratch)
     mmvq_ids(qt, w2, E, xd, ids, k, plain2, scratch=scratch)
