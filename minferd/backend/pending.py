@@ -26,7 +26,7 @@ def _run_anyway() -> set[str]:
     names = {n.strip() for n in (valve("MINFERD_PENDING") or "").split(",") if n.strip()}
     unknown = names - set(PATHS)
     if unknown:
-        raise KeyError(f"MINFERD_PENDING names {', '.join(sorted(unknown))}, not pending paths ({', '.join(PATHS)})")
+        raise ValueError(f"MINFERD_PENDING names {', '.join(sorted(unknown))}, not pending paths ({', '.join(PATHS)})")
     return names
 
 
