@@ -53,10 +53,16 @@ class CudaMoe:
 
     def prefill_on_device(self, model) -> bool:
         """Whether the model's MoE layers past the decode rows read nothing back on the host: grouped
-        GEMMs laid out by moe.align."""
-        s = model.spec
-        return pending.ready("moe_align") and self.groups_on_device(
-            s.n_expert, s.n_expert_used, [w for name, w in model.w.items() if name.endswith("_exps.weight")])
+        GEMMs laid out by moe.align. (Asked at each prefill step: the walk over the model's tensors,
+        whose types never change, is made once a model.)"""
+        if not pending.ready("moe_align"):
+            return False
+        known = self.__dict__.setdefault("_grouped_models", {})
+        if id(model) not in known:
+            s = model.spec
+            known[id(model)] = self.groups_on_device(
+                s.n_expert, s.n_expert_used, [w for name, w in model.w.items() if name.endswith("_exps.weight")])
+        return known[id(model)]
 
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
             oai_glu=None, norm_topk=True):
@@ -97,10 +103,10 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
-    rows = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]
-    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, rows[0], rows[1])
-    g = g if rows[0] is not None else _biased(be, g, exps_bias, 0, ids)
-    u = u if rows[1] is not None else _biased(be, u, exps_bias, 1, ids)
+    biases = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]  # in the epilogue, or None
+    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
+    g = g if biases[0] is not None else _biased(be, g, exps_bias, 0, ids)
+    u = u if biases[1] is not None else _biased(be, u, exps_bias, 1, ids)
     if oai_glu is None:
         h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
         hs = be._xq[2] if down_exps.qtype.is_quantized else None
@@ -112,8 +118,8 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
         hs = be._new_xq(h) if down_exps.qtype.is_quantized else None
         if hs is not None:
             quantize_x(h, hs, max_rows=h.shape[0])
-    y = _products(down_exps, n_expert, h, hs, ids, 1, rows[2])
-    y = y if rows[2] is not None else _biased(be, y, exps_bias, 2, ids)
+    y = _products(down_exps, n_expert, h, hs, ids, 1, biases[2])
+    y = y if biases[2] is not None else _biased(be, y, exps_bias, 2, ids)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
     return moe_kernels.combine(y, wts, k, res)
 
