@@ -30,7 +30,8 @@ from minferd.backend.base import Weight
 from minferd.backend.moe import align
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
-from minferd.kernels.mmvq import MAX_COLS, mmvq_ids, quantize_x
+from minferd.kernels.mmvq import MAX_COLS, quantize_x
+from minferd.kernels.mmvq_ids import mmvq_ids
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
 

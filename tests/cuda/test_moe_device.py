@@ -13,7 +13,8 @@ cp = pytest.importorskip("cupy")
 from minferd.backend.moe import route  # noqa: E402
 from minferd.kernels import moe as moe_kernels  # noqa: E402
 from minferd.kernels.gemm_f16 import CONFIGS, GROUPED_CONFIG, fused_b, fused_b_grouped  # noqa: E402
-from minferd.kernels.mmvq import mmvq_ids, quantize_x, scratch_bytes  # noqa: E402
+from minferd.kernels.mmvq import quantize_x, scratch_bytes  # noqa: E402
+from minferd.kernels.mmvq_ids import mmvq_ids  # noqa: E402
 from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
