@@ -6,6 +6,8 @@ Tests switch one on with monkeypatch (tests/cuda), so the new path is what they 
 call's bench with MINFERD_PENDING=name,... (read once, at import)."""
 from __future__ import annotations
 
+import re
+
 from minferd.config import valve
 
 PATHS = {
@@ -36,7 +38,6 @@ WAITING: set[str] = set(PATHS) - _run_anyway()
 def tests(names=None) -> tuple[list[str], list[str]]:
     """(test files, test functions) in tests/cuda that the paths `names` (default: all of them)
     name: what `bench/device.sh pending` runs."""
-    import re
     text = " ".join(PATHS[n] for n in sorted(PATHS if names is None else names))
     files = sorted(set(re.findall(r"\b(test_\w+)\.py\b", text)))
     functions = sorted(set(re.findall(r"\b(test_\w+)\b(?!\.py)", text)) - set(files))
