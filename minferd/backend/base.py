@@ -233,14 +233,16 @@ class Backend(ABC):
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
             residual=None, router_bias: Weight | None = None, exps_bias: tuple | None = None,
-            oai_glu: tuple[float, float] | None = None, norm_topk: bool = True):
+            oai_glu: tuple[float, float] | None = None, norm_topk: bool = True, then_norm: tuple | None = None):
         """A mixture-of-experts SwiGLU MLP on x (n, hidden), plus the residual: each token's top-k
         experts by softmax(x @ router + router_bias), their weights renormalized to sum 1 (the
         softmax of the k logits alone), and the sum of those experts' down(silu(gate x) * up x),
         weighted. The *_exps weights stack the experts on their third axis. gpt-oss adds
         exps_bias, (gate, up, down) biases of shape (rows, n_expert), and in place of SwiGLU
         swiglu_oai with oai_glu = (alpha, limit). norm_topk False (qwen2moe): the top k keep
-        their softmax-over-all weights. Here expert by expert through this backend's own ops
+        their softmax-over-all weights. then_norm (weight, eps): the rmsnorm that reads the output
+        next (the next layer's input norm); a backend may make it in the same launch and hand it to
+        that rmsnorm call (CUDA, decode), or ignore it. Here expert by expert through this backend's own ops
         (backend/moe.py); the CPU backend has its own."""
         from minferd.backend.moe import by_expert
         return by_expert(self, x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu,

@@ -155,7 +155,7 @@ class CpuBackend(Backend):
         return y
 
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-            residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk=True):
+            residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk=True, then_norm=None):
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
         top, p = moe.route(self.matmul(x, router, router_bias), k, norm_topk)

@@ -73,6 +73,9 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._xq: tuple | None = None
         self._x16: tuple | None = None
         self._xm: tuple | None = None  # the same for mmq_small's format
+        # (sum, weight, eps, normed, its _xq slot): an MoE's output normalised in its combine's
+        # launch, for the rmsnorm call that asks for it next (cuda_ops.combine_norm).
+        self._normed_ahead: tuple | None = None
         self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------
@@ -108,7 +111,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         (a new arena over the same buffer: the old one's chunks are never given back one by one).
         Called with no pass running (the host holds the model's workers)."""
         self._forget_graphs()
-        self._xq = self._x16 = self._xm = None
+        self._xq = self._x16 = self._xm = self._normed_ahead = None
         if self.arena is not None:
             self.arena.close()  # breaks its pool's cycle: else the buffer lives until the collector runs
             self.arena = Arena(self._arena_buf)
@@ -136,7 +139,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
                     with cp.cuda.using_allocator(self.arena.malloc):
                         yield
             finally:
-                self._xq = self._x16 = self._xm = None
+                self._xq = self._x16 = self._xm = self._normed_ahead = None
 
     @contextlib.contextmanager
     def capturing(self, rows: int):

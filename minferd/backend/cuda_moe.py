@@ -66,12 +66,13 @@ class CudaMoe:
         return known[id(model)]
 
     def moe(self, x, router, gate_exps, up_exps, down_exps, k, residual=None, router_bias=None, exps_bias=None,
-            oai_glu=None, norm_topk=True):
-        """Decode rows route on the device (graph-safe), prefills run grouped GEMMs; with the
-        valve off, or a type the grouped GEMM lacks, expert by expert (backend/moe.py)."""
+            oai_glu=None, norm_topk=True, then_norm=None):
+        """Decode rows route on the device (graph-safe; their sum and then_norm one launch),
+        prefills run grouped GEMMs; with the valve off, or a type the grouped GEMM lacks, expert by
+        expert (backend/moe.py)."""
         args = (x, router, gate_exps, up_exps, down_exps, k, residual, router_bias, exps_bias, oai_glu, norm_topk)
         if self.routes_on_device(x.shape[0], k):
-            return moe(self, *args)
+            return moe(self, *args, then_norm=then_norm)
         if self.groups_on_device(router.n_rows, k, (gate_exps, up_exps, down_exps)):
             return prefill(self, *args)
         return super().moe(*args)
@@ -95,7 +96,7 @@ class CudaMoe:
 
 
 def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
-        residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True):
+        residual=None, router_bias=None, exps_bias=None, oai_glu=None, norm_topk: bool = True, then_norm=None):
     """Backend.moe's contract for up to MAX_ROWS rows, through be's matmuls and activation.
     gpt-oss's parts: the router's bias rides in its mat-vec, each pick's expert bias row is
     added in the mat-vec's epilogue where the biases are F32 (else gathered by its id: be.embed
@@ -122,6 +123,8 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     y = _products(down_exps, n_expert, h, hs, ids, 1, biases[2])
     y = y if biases[2] is not None else _biased(be, y, exps_bias, 2, ids)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
+    if then_norm is not None and pending.ready("combine_norm"):
+        return be.combine_norm(y, wts, k, res, *then_norm)
     return moe_kernels.combine(y, wts, k, res)
 
 

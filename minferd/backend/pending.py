@@ -19,6 +19,9 @@ PATHS = {
                 "test_moe_device.py test_mmvq_ids_adds_each_picks_expert_bias",
     "oai_act_q": "gpt-oss's clamped SwiGLU leaving down's mat-vec format itself (act_gate_q act 2): "
                  "test_fused_ops.py test_act_gate_oai_is_swiglu_oai",
+    "combine_norm": "an MoE decode's weighted sum and the next layer's input norm in one launch (ops.cu "
+                    "combine_rmsnorm_q): test_fused_ops.py test_combine_norm_is_combine_then_rmsnorm; test_moe_device.py "
+                    "test_the_norm_made_ahead_changes_no_bit",
     "qk_norm_pair": "q's and k's head norms in one launch (ops.cu rmsnorm_pair): test_fused_ops.py "
                     "test_rmsnorm_pair_is_two_rmsnorms",
 }

@@ -3,6 +3,7 @@
 // and a prefill lays its picks out for the grouped GEMMs with no round trip (moe_count,
 // moe_place). CPU references: backend/moe.py's route and align, and by_expert for the whole MLP.
 #include "pdl.cuh"
+#include "picks_sum.cuh"
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)  // NVRTC has no math.h
 #endif
@@ -85,10 +86,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
   pdl_enter();
   const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= (long long)n * H) return;
-  const int t = (int)(o / H), h = (int)(o % H);
-  float v = res ? res[o] : 0.0f;
-  for (int j = 0; j < k; ++j) v += wts[t * k + j] * y[((long long)t * k + j) * H + h];
-  out[o] = v;
+  out[o] = picks_sum(y, wts, res, (int)(o / H), k, H, (int)(o % H));
 }
 
 // ---- a prefill's picks laid out by expert, in whole tiles (backend/moe.py's align) -----------

@@ -4,6 +4,7 @@
 #include "pdl.cuh"
 #include <cuda_fp16.h>
 #include "xquant.cuh"
+#include "picks_sum.cuh"
 
 #define WARP 32
 #ifndef INFINITY
@@ -69,20 +70,29 @@ extern "C" __global__ void rmsnorm_pair(const float* __restrict__ x, const float
     else rmsnorm_row(x2, w2, out2, r - rows, dim, eps, nullptr);
 }
 
-// rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),
-// so the q/k/v (or gate/up) mat-vecs that read it need no quantize_x launch. dim % 32 == 0;
-// each warp quantizes whole 32-element blocks of the row it normalised. A row is spread over
-// gridDim.y CTAs, each summing the whole (L2-resident) row itself and writing its share of
-// blocks: one CTA per row was a 5 us step on one SM, 57 times a token.
-extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
-                                     float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
-                                     float2* __restrict__ xds, int kbp) {
-    pdl_enter();
-    const float* xr = x + (long long)blockIdx.x * dim;
-    float* orow = out + (long long)blockIdx.x * dim;
+// A row's values as rmsnorm_q_row reads them: x's row itself, or (Picks) an MoE token's
+// residual plus its weighted picks, summed as moe_combine sums them (picks_sum.cuh).
+struct Row {
+    const float* __restrict__ r;
+    __device__ __forceinline__ float4 at4(int i) const { return reinterpret_cast<const float4*>(r)[i]; }
+    __device__ __forceinline__ float at(int i) const { return r[i]; }
+};
+struct Picks {
+    const float* __restrict__ y; const float* __restrict__ wts; const float* __restrict__ res; int t, k, H;
+    __device__ __forceinline__ float at(int h) const { return picks_sum(y, wts, res, t, k, H, h); }
+    __device__ __forceinline__ float4 at4(int i) const { return make_float4(at(4 * i), at(4 * i + 1), at(4 * i + 2), at(4 * i + 3)); }
+};
+
+// The block's share of one row normalised (out) and in the mat-vec format (xq, xds: the row's),
+// and, where srow is set, the row's values themselves. Each CTA of the row's gridDim.y sums the
+// whole row (from L2) and writes its share of 32-element blocks.
+template <class Src>
+__device__ __forceinline__ void rmsnorm_q_row(const Src& src, const float* __restrict__ w, float* __restrict__ orow,
+                                              int dim, float eps, signed char* __restrict__ xq,
+                                              float2* __restrict__ xds, float* __restrict__ srow) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim / 4; i += blockDim.x) {
-        float4 v = reinterpret_cast<const float4*>(xr)[i];
+        float4 v = src.at4(i);
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     float inv = 1.0f / sqrtf(block_sum(ss) / dim + eps);
@@ -90,11 +100,36 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
     int warp = threadIdx.x / WARP + blockIdx.y * nw;
     for (int kb = warp; kb < dim / 32; kb += nw * gridDim.y) {
         int i = kb * 32 + lane;
-        float v = xr[i] * inv * w[i];
+        float s = src.at(i);
+        if (srow) srow[i] = s;
+        float v = s * inv * w[i];
         orow[i] = v;
-        quantize_block32(v, lane, xq + (long long)blockIdx.x * 2 * dim + kb * 32, dim,
-                         xds + (long long)blockIdx.x * kbp + kb);
+        quantize_block32(v, lane, xq + kb * 32, dim, xds + kb);
     }
+}
+
+// rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),
+// so the q/k/v (or gate/up) mat-vecs that read it need no quantize_x launch. dim % 32 == 0.
+// A row is spread over gridDim.y CTAs: one CTA per row was a 5 us step on one SM, 57 times a token.
+extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
+                                     float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
+                                     float2* __restrict__ xds, int kbp) {
+    pdl_enter();
+    const long long r = blockIdx.x;
+    rmsnorm_q_row(Row{x + r * dim}, w, out + r * dim, dim, eps, xq + r * 2 * dim, xds + r * kbp, nullptr);
+}
+
+// An MoE decode layer's end and the next layer's first op in one node: sum (n, H) = res + each
+// token's k picks of y (P, H), weighted (moe_combine), and rmsnorm_q of the sum with w (the next
+// layer's input norm) into out and the mat-vec format. The same bits as the two launches.
+extern "C" __global__ void combine_rmsnorm_q(const float* __restrict__ y, const float* __restrict__ wts, int k,
+                                             const float* __restrict__ res, float* __restrict__ sum,
+                                             const float* __restrict__ w, float* __restrict__ out, int dim, float eps,
+                                             signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+    pdl_enter();
+    const int t = blockIdx.x;
+    rmsnorm_q_row(Picks{y, wts, res, t, k, dim}, w, out + (long long)t * dim, dim, eps, xq + (long long)t * 2 * dim,
+                  xds + (long long)t * kbp, sum + (long long)t * dim);
 }
 
 // The gated MLP's activation, y = act(g) * u (act 0: SiLU, 1: GELU-tanh, 2: gpt-oss's clamped

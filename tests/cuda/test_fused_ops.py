@@ -78,6 +78,28 @@ def test_rmsnorm_pair_is_two_rmsnorms(be, n, monkeypatch):
         assert cp.array_equal(got_q, want_q) and cp.array_equal(got_k, want_k)
 
 
+@pytest.mark.parametrize("n,k,H", [(1, 8, 2048), (5, 4, 2880), (8, 2, 64)])
+def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H):
+    """combine_rmsnorm_q's sum equals moe.combine's and the next rmsnorm of it (handed over, not
+    launched) rmsnorm_q's, with its mat-vec format, bit for bit: what lets backend/pending.py's
+    combine_norm be switched on."""
+    from minferd.kernels import moe as moe_kernels
+    y = cp.asarray(rng.standard_normal((n * k, H)).astype(np.float32))
+    wts = cp.asarray(rng.random(n * k).astype(np.float32))
+    res = cp.asarray(rng.standard_normal((n, H)).astype(np.float32) * 4)
+    w = vec(rng.standard_normal(H).astype(np.float32))
+    with be.scope():
+        total = be.combine_norm(y, wts, k, res, w, 1e-6)
+        got = be.rmsnorm(total, w, 1e-6)
+        assert be._normed_ahead is None and be._xq[1] is got
+        fused = cp.asnumpy(be._quantized(got))
+        want_total = moe_kernels.combine(y, wts, k, res)
+        want = be.rmsnorm(want_total, w, 1e-6)
+        assert be._xq[1] is want
+        assert cp.array_equal(total, want_total) and cp.array_equal(got, want)
+        assert np.array_equal(fused, cp.asnumpy(be._quantized(want)))
+
+
 @pytest.mark.parametrize("act", ["swiglu", "gelu_gate"])
 def test_act_gate_leaves_quantize_x_format(be, act):
     g, u = (cp.asarray(rng.standard_normal((2, 1024)).astype(np.float32)) for _ in range(2))

@@ -229,3 +229,29 @@ def test_the_devices_layout_changes_no_bit(synth_model, arch, quant, monkeypatch
         cache = lm.model.new_cache(lm.model.be.untracked(), ids.size)
         out[on] = lm.model.be.to_host(prefill(lm.model, ids, cache, all_logits=True))
     assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k"), ("gpt-oss", "q8_0")])
+def test_the_norm_made_ahead_changes_no_bit(synth_model, arch, quant, monkeypatch):
+    """A decode step (a captured graph) with each MoE layer's sum and the next layer's input norm
+    in one launch (combine_norm) and in two: the same logits bit for bit, which is what lets
+    backend/pending.py's combine_norm be switched on."""
+    from minferd.backend import pending
+    from minferd.backend.batch import Batch
+    from minferd.model.loader import load_local
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    lm = load_local(str(synth_model(arch, quant)), "mmq", device="cuda", ctx=256)
+    m, be = lm.model, lm.model.be
+    rng = np.random.default_rng(3)
+    tables = [[2 * i, 2 * i + 1] for i in range(4)]
+    pre = [(rng.integers(300, 1000, 20).tolist(), 0, t) for t in tables]
+    step = [([int(rng.integers(300, 1000))], 20, t) for t in tables]
+    out, waiting = {}, pending.WAITING - {"combine_norm"}
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", waiting if on else waiting | {"combine_norm"})
+        be._forget_graphs()
+        cache = m.new_cache(be.untracked(), 8 * 32)
+        m.forward_batch(Batch.build(pre, 32), cache)
+        out[on] = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
+        assert not any(g.eager for g in be.graphs.values())
+    assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])

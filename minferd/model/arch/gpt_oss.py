@@ -78,4 +78,4 @@ class GptOssModel(LlamaModel):
         exps = [p + f"ffn_{m}_exps" for m in ("gate", "up", "down")]
         return be.moe(h, w[p + "ffn_gate_inp.weight"], *(w[e + ".weight"] for e in exps), s.n_expert_used,
                       residual=x, router_bias=w[p + "ffn_gate_inp.bias"], exps_bias=tuple(w[e + ".bias"] for e in exps),
-                      oai_glu=(SWIGLU_ALPHA, SWIGLU_LIMIT))
+                      oai_glu=(SWIGLU_ALPHA, SWIGLU_LIMIT), then_norm=self.norm_after(i))

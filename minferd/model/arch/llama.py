@@ -134,6 +134,12 @@ class LlamaModel:
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
         return self.mlp(p, h, residual=x)
 
+    def norm_after(self, i: int) -> tuple:
+        """(weight, eps) of the rmsnorm that reads layer i's output: the next layer's input norm, or
+        the output norm (Backend.moe's then_norm)."""
+        name = f"blk.{i + 1}.attn_norm.weight" if i + 1 < self.spec.n_layers else "output_norm.weight"
+        return self.w[name], self.spec.norm_eps
+
     def mlp(self, p: str, h, residual):
         """The feed-forward half of layer `p`, its output added to the residual."""
         be = self.be

@@ -21,7 +21,7 @@ class Qwen3MoeModel(Qwen3Model):
         w = self.w
         return self.be.moe(h, w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_exps.weight"],
                            w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"],
-                           self.spec.n_expert_used, residual=residual)
+                           self.spec.n_expert_used, residual=residual, then_norm=self.norm_after(int(p.split(".")[1])))
 
 
 def moe_layer(t: dict, s, p: str, dense=("ffn_gate", "ffn_up", "ffn_down")) -> dict:
