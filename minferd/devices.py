@@ -81,7 +81,6 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     more for the MMQ kernel's slice of unpacked weights (CudaBackend gives it an eighth). The flash
     prefill kernel keeps scores in registers; only head dims it lacks pay for f32 scores over
     the whole context (at 32k tokens of context that term alone was 7.5 GB for a 7B model)."""
-    from minferd.backend import pending  # NumPy only
     from minferd.kernels import mmq_small, tcgemv  # NumPy only
     from minferd.kernels.attn_prefill import HEAD_DIMS  # NumPy only
     n, f32, f16 = max_batch, 4, 2
@@ -108,7 +107,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
     decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
     decode += 3 * GRAPH_UNPACK_BYTES
-    if device_moe() and pending.ready("moe_align"):  # the prefill graphs' MoE layers (CudaBackend.graph_safe)
+    if device_moe():  # the prefill graphs' MoE layers (CudaBackend.graph_safe)
         decode += moe_grouped_bytes(spec, PREFILL_GRAPH_TOKENS)
     total = int(1.25 * (act + attn + tile + logits + decode + (moe_grouped_bytes(spec, n) if device_moe() else 0))) + (16 << 20) \
         + CUBLAS_WORKSPACE_BYTES

@@ -1,17 +1,18 @@
 """The CUDA backend's MoE MLP in few launches: decode rows routed on the device (graph-safe),
 prefill as grouped GEMMs.
 
-Up to MAX_ROWS tokens, a layer is seven launches and no host round trip: the router's logits
-(mat-vec), moe.topk (each token's k experts and their weights, on the device), gate and up as
-mmvq_ids over those ids (each pick reads only its expert's bytes, x quantized once), the gated
-activation (which leaves its output in the mat-vec format), down as mmvq_ids, and moe.combine
-(the weighted sum onto the residual).
+Up to MAX_ROWS tokens, a layer is six launches and no host round trip: the router's logits
+(mat-vec), moe.topk (each token's k experts and their weights, on the device), gate and up in
+one mmvq_ids over those ids (each pick reads only its expert's bytes, x quantized once; gpt-oss's
+expert biases added in its epilogue), the gated activation (which leaves its output in the
+mat-vec format), down as mmvq_ids, and the weighted sum onto the residual, which also makes the
+next layer's input norm (cuda_ops.combine_norm: the model names it, then_norm).
 
 Past MAX_ROWS (prefill) topk routes on the device too, and moe.align lays the picks out by expert
-in whole tiles there (backend/moe.py's align), sized for the most rows any routing can take:
-nothing comes back to the host (the host round trip a layer cost the 30b-a3b ~1.9 ms a layer
-whatever the prompt's length, s14). Until moe.align has run on a GPU (backend/pending.py) the
-layout is made on the host from the device's picks, one round trip a layer. Then each projection
+in whole tiles there (backend/moe.py's align is its reference), sized for the most rows any
+routing can take: nothing comes back to the host (the host round trip a layer it replaced cost
+the 30b-a3b ~1.9 ms a layer whatever the prompt's length, s14), so prefill graphs hold these
+layers too. Then each projection
 is ONE fused_b_grouped launch over every expert's tile (the tile's expert read on the device, the
 tiles past the layout skipped), the activation one launch over all rows, and combine the weighted
 sum: ~12 launches a layer where by_expert made ~8 an active expert (the 30b-a3b at 2048 tokens:
@@ -23,14 +24,11 @@ the valve is off.
 from __future__ import annotations
 
 import cupy as cp
-import numpy as np
 
-from minferd.backend import pending
 from minferd.backend.base import Weight
-from minferd.backend.moe import align
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
-from minferd.kernels.mmvq import MAX_COLS, quantize_x
+from minferd.kernels.mmvq import MAX_COLS
 from minferd.kernels.mmvq_ids import mmvq_ids
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
@@ -56,8 +54,6 @@ class CudaMoe:
         """Whether the model's MoE layers past the decode rows read nothing back on the host: grouped
         GEMMs laid out by moe.align. (Asked at each prefill step: the walk over the model's tensors,
         whose types never change, is made once a model.)"""
-        if not pending.ready("moe_align"):
-            return False
         known = self.__dict__.setdefault("_grouped_models", {})
         if id(model) not in known:
             s = model.spec
@@ -109,21 +105,13 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
     g = g if biases[0] is not None else _biased(be, g, exps_bias, 0, ids)
     u = u if biases[1] is not None else _biased(be, u, exps_bias, 1, ids)
-    if oai_glu is None:
-        h = be._act_gate(g, u, 0)  # SwiGLU; leaves h in the mat-vec format (be._xq) for down
-        hs = be._xq[2] if down_exps.qtype.is_quantized else None
-    elif pending.ready("oai_act_q"):
-        h = be._act_gate(g, u, 2, *oai_glu)  # swiglu_oai, leaving the mat-vec format as SwiGLU does
-        hs = be._xq[2] if down_exps.qtype.is_quantized else None
-    else:
-        h = be.swiglu_oai(g, u, *oai_glu)
-        hs = be._new_xq(h) if down_exps.qtype.is_quantized else None
-        if hs is not None:
-            quantize_x(h, hs, max_rows=h.shape[0])
+    # SwiGLU or gpt-oss's swiglu_oai, leaving h in the mat-vec format (be._xq) for down
+    h = be._act_gate(g, u, 0) if oai_glu is None else be._act_gate(g, u, 2, *oai_glu)
+    hs = be._xq[2] if down_exps.qtype.is_quantized else None
     y = _products(down_exps, n_expert, h, hs, ids, 1, biases[2])
     y = y if biases[2] is not None else _biased(be, y, exps_bias, 2, ids)
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
-    if then_norm is not None and pending.ready("combine_norm"):
+    if then_norm is not None:
         return be.combine_norm(y, wts, k, res, *then_norm)
     return moe_kernels.combine(y, wts, k, res)
 
@@ -137,9 +125,9 @@ def _biased(be, out, exps_bias, i: int, experts):
 
 
 def _bias_rows(b: Weight):
-    """An expert bias tensor as the f32 (n_expert, rows) mmvq_ids adds in its epilogue (F32 ones,
-    once pending's ids_bias is ready); None: _biased adds it after."""
-    if not pending.ready("ids_bias") or b.qtype.name != "F32":
+    """An expert bias tensor as the f32 (n_expert, rows) mmvq_ids adds in its epilogue (F32
+    ones); None: _biased adds it after."""
+    if b.qtype.name != "F32":
         return None
     return b.data.view(cp.float32).reshape(b.n_rows, b.row_elems)
 
@@ -147,7 +135,7 @@ def _bias_rows(b: Weight):
 def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int, bias_g=None, bias_u=None):
     """Gate's and up's products for every pick: one launch where their experts share a type and
     a shape, else one each."""
-    if pending.ready("paired_ids") and gate.qtype == up.qtype and gate.data.shape == up.data.shape and \
+    if gate.qtype == up.qtype and gate.data.shape == up.data.shape and \
             (bias_g is None) == (bias_u is None):
         g = cp.empty((ids.shape[0], gate.shape[1]), cp.float32)
         u = cp.empty_like(g)
@@ -174,12 +162,7 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
-    if pending.ready("moe_align"):
-        rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
-    else:  # the same layout, unpadded, from the host: one round trip, one copy back
-        rows, tiles, picks = align(be.to_host(ids).reshape(-1, k), n_expert, BM)
-        buf = be.to_device(np.concatenate([rows, tiles, picks]))
-        rows_d, tiles_d, picks_d = buf[:rows.size], buf[rows.size:rows.size + tiles.size], buf[rows.size + tiles.size:]
+    rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
     xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (rows, hidden) f16, each expert's tokens in its tiles
     # The skipped tiles' rows gather expert 0's bias: rows nothing reads.
     row_expert = None if exps_bias is None else cp.repeat(cp.maximum(tiles_d, 0), BM)

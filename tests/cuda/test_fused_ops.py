@@ -54,7 +54,7 @@ def test_rmsnorm_leaves_quantize_x_format(be, n, d):
 @pytest.mark.parametrize("n", [1, 8])  # rows of a decode step's picks (tokens x k)
 def test_act_gate_oai_is_swiglu_oai(be, n):
     """act_gate_q's act 2 (gpt-oss's clamped SwiGLU) equals the elementwise swiglu_oai bit for bit,
-    and leaves quantize_x's format of it: what lets pending's oai_act_q be switched on."""
+    and leaves quantize_x's format of it (gpt-oss's MoE decode)."""
     g, u = (cp.asarray((rng.standard_normal((n, 2880)) * 6).astype(np.float32)) for _ in range(2))
     with be.scope():
         y = be._act_gate(g, u, 2, 1.702, 7.0)
@@ -65,11 +65,9 @@ def test_act_gate_oai_is_swiglu_oai(be, n):
 
 
 @pytest.mark.parametrize("n", [1, 5, 40])  # rows of both: <= 64 share RMSNORM_CTAS CTAs a row, more take one
-def test_rmsnorm_pair_is_two_rmsnorms(be, n, monkeypatch):
+def test_rmsnorm_pair_is_two_rmsnorms(be, n):
     """q's and k's head norms in one launch (rmsnorm_pair) equal the two rmsnorm launches bit for
-    bit: what lets backend/pending.py's qk_norm_pair be switched on."""
-    from minferd.backend import pending
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"qk_norm_pair"})
+    bit."""
     q, k = (cp.asarray(rng.standard_normal((n, h, 128)).astype(np.float32) * 3) for h in (16, 4))
     wq, wk = (vec(rng.standard_normal(128).astype(np.float32)) for _ in range(2))
     with be.scope():
@@ -81,8 +79,7 @@ def test_rmsnorm_pair_is_two_rmsnorms(be, n, monkeypatch):
 @pytest.mark.parametrize("n,k,H", [(1, 8, 2048), (5, 4, 2880), (8, 2, 64)])
 def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H):
     """combine_rmsnorm_q's sum equals moe.combine's and the next rmsnorm of it (handed over, not
-    launched) rmsnorm_q's, with its mat-vec format, bit for bit: what lets backend/pending.py's
-    combine_norm be switched on."""
+    launched) rmsnorm_q's, with its mat-vec format, bit for bit."""
     from minferd.kernels import moe as moe_kernels
     y = cp.asarray(rng.standard_normal((n * k, H)).astype(np.float32))
     wts = cp.asarray(rng.random(n * k).astype(np.float32))

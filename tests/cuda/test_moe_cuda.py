@@ -31,10 +31,11 @@ def test_tiny_moe_matches_cpu(synth_model, arch, quant, matmul_path, kernel):
 
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_batched_decode_matches_cpu(synth_model, path):
-    """A prefill of five sequences then one decode step of all five, through be.decode (its graph
-    runs eagerly for this model): each row's logits are the CPU's for the same batch."""
+    """A prefill of five sequences then one decode step of all five, through be.decode (routed on
+    the device, so a captured graph holds the step): each row's logits are the CPU's for the same
+    batch."""
     cpu, gpu, again, be = decode_step_on_both(str(synth_model("qwen3moe", "q8_0")), path, seed=7)
-    assert all(g.eager for g in be.graphs.values())
+    assert be.graphs and not any(g.eager for g in be.graphs.values())
     assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
     assert (gpu.argmax(1) == cpu.argmax(1)).mean() >= 0.8
 

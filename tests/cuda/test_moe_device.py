@@ -116,7 +116,7 @@ def two_stacks(qt, seed: int, to_device, E: int = 6, R: int = 67, P: int = 8, k:
 @pytest.mark.parametrize("name", CUDA_TYPES)
 def test_mmvq_ids_pairs_gate_and_up(name, to_device):
     """Two stacked tensors in one launch (w2 into out2, blockIdx.z) equal each one launched alone,
-    bit for bit: what lets backend/pending.py's paired_ids be switched on."""
+    bit for bit."""
     qt, E, R, P, k = TYPES[name], 6, 67, 8, 4
     w, w2, xd, ids, scratch, _ = two_stacks(qt, 7, to_device, E, R, P, k)
     out, out2, one, two = (poisoned((P, R), cp.float32) for _ in range(4))
@@ -210,48 +210,3 @@ def test_a_grouped_prefill_matches_cpu(synth_model, arch, quant, matmul_path, ke
     err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
     bound = 0.1 if quant == "q4_k" and matmul_path != "w16" else 2e-2
     assert err < bound and agree >= 0.95, (err, agree)
-
-
-@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q8_0"), ("qwen2moe", "q4_k"), ("gpt-oss", "q8_0")])
-def test_the_devices_layout_changes_no_bit(synth_model, arch, quant, monkeypatch):
-    """A prefill's logits with the layout made on the device (moe.align, padded, tiles past it
-    skipped) and on the host (unpadded) from the same device picks: equal bit for bit, which is what
-    lets backend/pending.py's moe_align be switched on."""
-    from minferd.backend import pending
-    from minferd.model.generate import prefill
-    from minferd.model.loader import load_local
-    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
-    lm = load_local(str(synth_model(arch, quant)), "mmq", device="cuda", ctx=256)
-    ids = np.random.default_rng(7).integers(300, min(lm.spec.n_vocab, 30000) - 1, 200)
-    out, waiting = {}, pending.WAITING - {"moe_align"}
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", waiting if on else waiting | {"moe_align"})
-        cache = lm.model.new_cache(lm.model.be.untracked(), ids.size)
-        out[on] = lm.model.be.to_host(prefill(lm.model, ids, cache, all_logits=True))
-    assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])
-
-
-@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k"), ("gpt-oss", "q8_0")])
-def test_the_norm_made_ahead_changes_no_bit(synth_model, arch, quant, monkeypatch):
-    """A decode step (a captured graph) with each MoE layer's sum and the next layer's input norm
-    in one launch (combine_norm) and in two: the same logits bit for bit, which is what lets
-    backend/pending.py's combine_norm be switched on."""
-    from minferd.backend import pending
-    from minferd.backend.batch import Batch
-    from minferd.model.loader import load_local
-    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
-    lm = load_local(str(synth_model(arch, quant)), "mmq", device="cuda", ctx=256)
-    m, be = lm.model, lm.model.be
-    rng = np.random.default_rng(3)
-    tables = [[2 * i, 2 * i + 1] for i in range(4)]
-    pre = [(rng.integers(300, 1000, 20).tolist(), 0, t) for t in tables]
-    step = [([int(rng.integers(300, 1000))], 20, t) for t in tables]
-    out, waiting = {}, pending.WAITING - {"combine_norm"}
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", waiting if on else waiting | {"combine_norm"})
-        be._forget_graphs()
-        cache = m.new_cache(be.untracked(), 8 * 32)
-        m.forward_batch(Batch.build(pre, 32), cache)
-        out[on] = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
-        assert not any(g.eager for g in be.graphs.values())
-    assert np.isfinite(out[True]).all() and np.array_equal(out[True], out[False])

@@ -94,11 +94,9 @@ def test_a_prefill_step_through_its_graph_equals_the_eager_pass(synth_model, arc
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 def test_an_moe_prefill_through_its_graph_equals_the_eager_pass(synth_model, arch, monkeypatch):
-    """With its layout made on the device (pending moe_align) an MoE prefill reads nothing back on
+    """With its layout made on the device (moe.align) an MoE prefill reads nothing back on
     the host, so its 257-1024-token steps replay graphs too (backend graph_safe), padding rows
     routed with the rest and left out of the logits."""
-    from minferd.backend import pending
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"moe_align"})
     monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
     lm = load_local(str(synth_model(arch, "q8_0")), "mmq", device="cuda", ctx=1024)
     m, be = lm.model, lm.model.be

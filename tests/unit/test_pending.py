@@ -26,15 +26,11 @@ def test_ready_refuses_an_unknown_name():
         pending.ready("moe_aligned")
 
 
-def test_the_valve_runs_a_waiting_path_and_refuses_an_unknown_one():
+def test_the_valve_runs_a_waiting_path_and_refuses_an_unknown_one(monkeypatch):
     """MINFERD_PENDING=name,...: a device call's A/B of paths still waiting (read at import)."""
-    import os
-    import subprocess
-    import sys
-    code = "from minferd.backend import pending; print(sorted(n for n in pending.PATHS if pending.ready(n)))"
-    env = dict(os.environ, MINFERD_PENDING="moe_align, paired_ids")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "'moe_align'" in out.stdout and "'paired_ids'" in out.stdout, out.stderr
-    env["MINFERD_PENDING"] = "moe_aligned"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and "MINFERD_PENDING names moe_aligned, not pending paths" in out.stderr
+    monkeypatch.setattr(pending, "PATHS", {"moe_align": "...", "paired_ids": "...", "other": "..."})
+    monkeypatch.setenv("MINFERD_PENDING", "moe_align, paired_ids")
+    assert pending._run_anyway() == {"moe_align", "paired_ids"}
+    monkeypatch.setenv("MINFERD_PENDING", "moe_aligned")
+    with pytest.raises(ValueError, match="MINFERD_PENDING names moe_aligned, not pending paths"):
+        pending._run_anyway()
