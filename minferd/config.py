@@ -60,6 +60,7 @@ VALVES = {
     "MINFERD_GRAPH_ROWS": "1-256: steps of up to this many tokens replay a decode graph (the A/B of bench/latency.py)",
     "MINFERD_DEVICE_MOE": "0: MoE layers expert by expert with host routing (backend/moe.py) instead of device routing and grouped GEMMs (backend/cuda_moe.py)",
     "MINFERD_PENDING": "comma-separated names of backend/pending.py's waiting paths to run anyway (a device call's A/B before they land)",
+    "MINFERD_IDS_CONFIGS": "a JSON file of mmvq_ids kernel shapes by type and class (bench/moe_ids.py --json): the A/B of a sweep's picks",
     "MINFERD_PDL": "graphs of at most this many rows launch their nodes programmatically (default 64; 0: none)",
 }
 

@@ -74,6 +74,10 @@ _MEASURED.update(IQ4_NL=_MEASURED["Q4_0"], MXFP4=_MEASURED["Q4_0"], IQ4_XS=_MEAS
 CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
     name: {nc: _MEASURED[name][1 if nc == 1 else 8] for nc in NC_BUCKETS} for name in QUANT_TYPES
 }
+# mmvq_ids' kernel shape (one column) by type and class of an expert's rows (_ids_class): an
+# MoE decode's products are k picks of small matrices (768-2880 rows), latency- not byte-bound.
+IDS_CLASSES = ("few", "mid")
+IDS_CONFIGS: dict[str, dict[str, Config]] = {name: {c: CONFIGS[name][1][c] for c in IDS_CLASSES} for name in QUANT_TYPES}
 # The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
 SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),
                              (4, 4, 1, 1), (4, 4, 1, 2), (8, 8, 1, 1), (4, 1, 4, 1), (4, 2, 4, 1), (4, 4, 2, 1))
@@ -129,7 +133,7 @@ def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
-        names += [_ids_name(TYPES[name], CONFIGS[name][1][c]) for c in ("few", "mid")]
+        names += [_ids_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
         names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]
@@ -159,6 +163,13 @@ def add_sweep() -> None:
 def _fn(name: str):
     defaults = names()
     return kernel("mmvq", name, defaults + tuple(n for n in _extra_names if n not in defaults))
+
+
+@functools.lru_cache(maxsize=None)
+def _fn_any(name: str):
+    """_fn for names(); a variant outside them in a module of its own: it compiles in seconds
+    (bench threads compile many side by side) and leaves the shared module's cache key alone."""
+    return _fn(name) if name in names() else kernel("mmvq", name, (name,))
 
 
 def _round_up(a: int, b: int) -> int:

@@ -6,13 +6,43 @@ from __future__ import annotations
 
 import numpy as np
 
+import functools
+import json
+
+from minferd.config import valve
+
 from .dequant import check_rows
-from .mmvq import (CONFIGS, FLOAT_TYPES, _check_f32, _check_scratch, _check_x, _float_ids_name, _fn, _ids_class,
-                   _ids_name, _ptr, _qt, _stream, xq_layout)
+from .mmvq import (FLOAT_TYPES, IDS_CLASSES, IDS_CONFIGS, QUANT_TYPES, Config, _check_f32, _check_scratch, _check_x,
+                   _float_ids_name, _fn, _fn_any, _ids_class, _ids_name, _ptr, _qt, _stream, xq_layout)
+
+
+@functools.lru_cache(maxsize=None)
+def _overrides() -> dict:
+    """MINFERD_IDS_CONFIGS: a JSON file {type: {few|mid: [warps, K-split warps, rows, units]}}
+    (bench/moe_ids.py --json writes one) read once: the A/B of a sweep's picks before they land."""
+    path = valve("MINFERD_IDS_CONFIGS")
+    if path is None:
+        return {}
+    table = json.loads(open(path).read())
+    out = {}
+    for t, by_class in table.items():
+        for c, cfg in by_class.items():
+            if t not in QUANT_TYPES or c not in IDS_CLASSES or len(cfg) != 4 or not all(isinstance(v, int) and v > 0 for v in cfg) \
+                    or cfg[0] % cfg[1] or cfg[0] > 32:
+                raise ValueError(f"MINFERD_IDS_CONFIGS {path}: {t!r} {c!r} {str(cfg)[:40]} is not a type, "
+                                 f"class ({', '.join(IDS_CLASSES)}) and [warps, K-split warps, rows, units]")
+            out[t, c] = tuple(cfg)
+    return out
+
+
+def ids_config(qt, rows: int) -> Config:
+    """mmvq_ids' kernel shape for qt's experts of `rows` rows."""
+    c = _ids_class(rows)
+    return _overrides().get((qt.name, c)) or IDS_CONFIGS[qt.name][c]
 
 
 def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stream=None, w2=None, out2=None,
-             bias=None, bias2=None) -> None:
+             bias=None, bias2=None, config: Config | None = None) -> None:
     """An MoE's decode products: out[p] (rows,) = x[p // xdiv] @ dequant(expert ids[p] of w).T for
     every pick p, the expert read on the device (graph-safe routing). w: the stacked experts as
     (n_expert * rows, row_bytes) uint8, expert e its rows e*rows ..; x (n, K) f32; ids (P,)
@@ -20,7 +50,8 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
     mat-vec format from `scratch` (quantize_x's, or the activation kernel's for its output);
     float types read x itself. w2 (of w's type and shape) into out2 (of out's) in the same
     launch: gate and up. bias (bias2): the experts' f32 biases (n_expert, rows), or None: each pick
-    adds its expert's row, as one f32 add after the product (gpt-oss)."""
+    adds its expert's row, as one f32 add after the product (gpt-oss). config: a kernel shape
+    other than ids_config's (bench/moe_ids.py's sweep)."""
     if (w2 is None) != (out2 is None) or (w2 is not None and (w2.shape != w.shape or w2.dtype != w.dtype)):
         raise ValueError(f"mmvq_ids: w2 and out2 come together, w2 of w's shape {tuple(w.shape)}")
     qt = _qt(qt)
@@ -57,10 +88,10 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
         raise ValueError("mmvq_ids: a quantized type reads x from its scratch (quantize_x)")
     _check_scratch(scratch, n, K)
     off, kbp, _ = xq_layout(n, K)
-    nw, kw, r, unr = cfg = CONFIGS[qt.name][1][_ids_class(rows)]
+    nw, kw, r, unr = cfg = config or ids_config(qt, rows)
     per_cta = nw // kw * r
     p = scratch.data.ptr
     with _stream(stream):
-        _fn(_ids_name(qt, cfg))((-(-rows // per_cta), P, pair), (nw * 32,),
+        _fn_any(_ids_name(qt, cfg))((-(-rows // per_cta), P, pair), (nw * 32,),
                                 (w, w2p, eb, np.int32(rows), ids, np.int32(xdiv), out, out2p, bp, b2p, np.int64(rb),
                                  np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K), np.int32(kbp)))
