@@ -76,3 +76,24 @@ def test_a_models_parts_are_its_types_and_head_dims():
     assert not any(e.startswith(f"mmvq<{q5k},") for e in names)
     assert any(e.startswith("attn_decode") and part_key(e) == "128" for e in names)
     assert len(got) < len(every_part()) / 2
+
+
+def test_mmvq_ids_shapes_from_a_sweeps_file_and_a_bad_one_refused(tmp_path, monkeypatch):
+    """MINFERD_IDS_CONFIGS (bench/moe_ids.py --json): its shapes replace the table's for their
+    type and class only; a shape that cannot run is refused by name."""
+    from minferd.kernels import mmvq_ids
+    f = tmp_path / "ids.json"
+    f.write_text('{"Q4_K": {"few": [4, 1, 4, 1]}}')
+    monkeypatch.setenv("MINFERD_IDS_CONFIGS", str(f))
+    mmvq_ids._overrides.cache_clear()
+    try:
+        assert mmvq_ids.ids_config(TYPES["Q4_K"], 768) == (4, 1, 4, 1)
+        assert mmvq_ids.ids_config(TYPES["Q4_K"], 2048) == mmvq.IDS_CONFIGS["Q4_K"]["mid"]
+        assert mmvq_ids.ids_config(TYPES["Q6_K"], 768) == mmvq.IDS_CONFIGS["Q6_K"]["few"]
+        f.write_text('{"Q4_K": {"few": [4, 3, 4, 1]}}')  # 4 warps do not split into groups of 3
+        mmvq_ids._overrides.cache_clear()
+        with pytest.raises(ValueError, match="'Q4_K' 'few' .* is not a type, class"):
+            mmvq_ids.ids_config(TYPES["Q4_K"], 768)
+    finally:
+        monkeypatch.delenv("MINFERD_IDS_CONFIGS")
+        mmvq_ids._overrides.cache_clear()
