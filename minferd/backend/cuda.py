@@ -76,6 +76,8 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         # (sum, weight, eps, normed, its _xq slot): an MoE's output normalised in its combine's
         # launch, for the rmsnorm call that asks for it next (cuda_ops.combine_norm).
         self._normed_ahead: tuple | None = None
+        with self.stream:  # the fused router's word (kernels/mmvq_ids.router_topk), 0 between launches
+            self.route_counter = cp.zeros(1, cp.uint32)
         self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------

@@ -10,9 +10,13 @@ import re
 
 from minferd.config import valve
 
-# None waiting: session 15 saw moe_align, paired_ids, ids_bias, oai_act_q, qk_norm_pair and
-# combine_norm pass on the H200 (bench/NOTES.md) and took them out.
-PATHS: dict[str, str] = {}
+# Session 15 saw moe_align, paired_ids, ids_bias, oai_act_q, qk_norm_pair and combine_norm pass
+# on the H200 (bench/NOTES.md) and took them out.
+PATHS: dict[str, str] = {
+    "fused_router": "a float router's mat-vec and moe_topk in one launch for one or two tokens (mmvq.cu "
+                    "mmv_float_route): test_moe_device.py test_router_topk_is_the_routers_matmul_then_topk, "
+                    "test_router_topk_resets_its_counter_in_a_graph",
+}
 
 
 def _run_anyway() -> set[str]:

@@ -129,6 +129,13 @@ def _float_ids_name(qt: QuantType, vec: int) -> str:
     return f"mmv_float_ids<{qt.ggml_id}, {vec}>"
 
 
+ROUTE_COLS = 2  # tokens mmv_float_route routes at most (its last CTA routes them one by one)
+
+
+def _route_name(qt: QuantType, nc: int, vec: int) -> str:
+    return f"mmv_float_route<{qt.ggml_id}, {nc}, {vec}>"
+
+
 def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
@@ -137,6 +144,7 @@ def names() -> tuple[str, ...]:
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
         names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]
+        names += [_route_name(TYPES[name], nc, v) for nc in range(1, ROUTE_COLS + 1) for v in (1, 8)]
     return tuple(dict.fromkeys(names))
 
 

@@ -19,6 +19,7 @@ from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference, poisoned, rel_err  # noqa: E402
+from tests.cuda.test_attn_decode import _Bump  # noqa: E402
 from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 from tests.cuda.test_moe_cuda import decode_step_on_both  # noqa: E402
 
@@ -210,3 +211,67 @@ def test_a_grouped_prefill_matches_cpu(synth_model, arch, quant, matmul_path, ke
     err, agree = teacher_forced(synth_model(arch, quant), n_tok=64, matmul_path=matmul_path, kernel=kernel)
     bound = 0.1 if quant == "q4_k" and matmul_path != "w16" else 2e-2
     assert err < bound and agree >= 0.95, (err, agree)
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("n,E,k,norm,biased", [(1, 128, 8, True, False), (2, 32, 4, True, True),
+                                               (1, 60, 4, False, False), (2, 7, 3, True, True)])
+def test_router_topk_is_the_routers_matmul_then_topk(name, n, E, k, norm, biased, to_device):
+    """mmv_float_route (a float router's mat-vec and moe_topk in one launch, the last CTA routing)
+    picks mmvq-then-moe.topk's experts with their weights, bit for bit, launch after launch (its
+    counter back at 0): what lets backend/pending.py's fused_router be switched on. E = 60 and 7
+    leave the last CTA's warps short of rows."""
+    from minferd.kernels.mmvq import mmvq
+    from minferd.kernels.mmvq_ids import router_topk
+    qt = TYPES[name]
+    rng = np.random.default_rng(E * 10 + n)
+    K = 256
+    w = to_device(random_blocks(qt, E, K, rng))
+    x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(E).astype(np.float32)) if biased else None
+    logits = cp.empty((n, E), cp.float32)
+    mmvq(qt, w, x, logits, bias=bias)
+    want_ids, want_wts = moe_kernels.topk(logits, k, norm)
+    counter = cp.zeros(1, cp.uint32)
+    for _ in range(3):
+        ids, wts = router_topk(qt, w, x, k, norm, counter, bias=bias)
+        assert cp.array_equal(ids, want_ids) and cp.array_equal(wts, want_wts)
+        assert int(counter[0]) == 0
+
+
+def test_router_topk_resets_its_counter_in_a_graph(to_device):
+    """Three fused routers in one captured graph (an MoE decode step's layers), replayed: each
+    routes every replay as it did eagerly."""
+    from minferd.kernels.mmvq_ids import router_topk
+    qt, E, K, k = TYPES["F32"], 128, 512, 8
+    rng = np.random.default_rng(8)
+    ws = [to_device(random_blocks(qt, E, K, rng)) for _ in range(3)]
+    x = cp.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    counter = cp.zeros(1, cp.uint32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        want = [router_topk(qt, w, x, k, True, counter) for w in ws]
+        with cp.cuda.using_allocator(_Bump(1 << 20)):  # what the graph writes stays its own
+            stream.begin_capture()
+            got = [router_topk(qt, w, x, k, True, counter) for w in ws]
+            graph = stream.end_capture()
+        for _ in range(3):
+            for ids, _w in got:
+                ids.fill(-1)
+            graph.launch(stream)
+            stream.synchronize()
+            for (gi, gw), (wi, ww) in zip(got, want):
+                assert cp.array_equal(gi, wi) and cp.array_equal(gw, ww)
+    assert int(counter[0]) == 0
+
+
+def test_router_topk_refuses_what_it_cannot_hold():
+    from minferd.kernels.mmvq_ids import router_topk
+    w = cp.zeros((16, 64 * 4), cp.uint8)
+    x = cp.zeros((3, 64), cp.float32)
+    with pytest.raises(ValueError, match="batch of 3 columns, expected 1..2"):
+        router_topk(TYPES["F32"], w, x, 2, True, cp.zeros(1, cp.uint32))
+    with pytest.raises(ValueError, match="top 17 of 16 experts"):
+        router_topk(TYPES["F32"], w, x[:1], 17, True, cp.zeros(1, cp.uint32))
+    with pytest.raises(ValueError, match="not a float type"):
+        router_topk(TYPES["Q8_0"], w, x[:1], 2, True, cp.zeros(1, cp.uint32))
