@@ -190,7 +190,7 @@ if [ "$stage" = latency ]; then
     with=${lb:-}
     for v in ${AB:-default}; do
       echo "# q$m.gguf, $v" | tee -a "$OUT/latency.log"
-      set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=/,+]/}"; }
+      set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=\/,+]/}"; }
       env $set_ timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
         --lengths ${LENGTHS:-1,16,128,512,1024,2048} \
         --json "$OUT/latency-$m$tag.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
@@ -222,7 +222,7 @@ if [ "$stage" = moe ]; then
   for m in ${MOE_MODELS:-30b}; do
     # AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1": the bench once per setting (VAR=v+VAR2=w: both).
     for v in ${AB:-default}; do
-      set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=/,+]/}"; }
+      set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=\/,+]/}"; }
       echo "# q$m.gguf, $v" | tee -a "$OUT/moe-bench.log"
       env $set_ timeout ${MOE_LIMIT:-300} python3 bench/bench.py /tmp/q$m.gguf --device cuda --paths ${PATHS:-w16,mmq} \
         -p 512,2048 -n 128 -r ${REPS:-3} --json "$OUT/moe-bench-$m$tag.json" 2>&1 | tee -a "$OUT/moe-bench.log" | tail -12
