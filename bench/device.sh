@@ -25,7 +25,7 @@
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
-#            that holds the dense class's f16 copy and one that does not (BUDGETS; 80 and 22 GiB for the 30b, 80 and 16 for the 20b);
+#            that holds the dense class's f16 copy and one that does not (BUDGETS; 80 and 23 GiB for the 30b, 80 and 16 for the 20b);
 #            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp;
 #            WHILE_BUILD="cmd" runs cmd while llama.cpp builds (its output in moe-plan.log)
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
@@ -211,7 +211,7 @@ if [ "$stage" = moe ]; then
   for m in ${MOE_MODELS:-30b}; do
     synth_moe $m
     # A budget that holds the dense class's f16 copy, and one that holds the weights but not it.
-    case $m in 30b) budgets="80GiB 22GiB";; *) budgets="80GiB 16GiB";; esac
+    case $m in 30b) budgets="80GiB 23GiB";; *) budgets="80GiB 16GiB";; esac
     for b in ${BUDGETS:-$budgets}; do
       python3 -m minferd.cli plan /tmp/q$m.gguf --device cuda --budget $b 2>&1 | tee -a "$OUT/moe-plan.log"
     done

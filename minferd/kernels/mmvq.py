@@ -77,7 +77,14 @@ CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
 # mmvq_ids' kernel shape (one column) by type and class of an expert's rows (_ids_class): an
 # MoE decode's products are k picks of small matrices (768-2880 rows), latency- not byte-bound.
 IDS_CLASSES = ("few", "mid")
+# Defaults: the one-column shapes of the dense table, but where bench/moe_ids.py measured better
+# on the H200 (s15, bench/results/s15-ids): one warp a row group, not K split over warps (an
+# expert's rows are short: the 30b-a3b's K is 2048 and 768). At the 30b-a3b's shapes: gate+up
+# 10.65 -> 7.47 us, down 7.78 -> 5.78 (Q4_K) and 11.56 -> 8.52 (Q6_K); its tg128 300.5 -> 326.0
+# with fused_router beside it. MXFP4 (gpt-oss) gained ~3% at the kernel and nothing whole: kept.
 IDS_CONFIGS: dict[str, dict[str, Config]] = {name: {c: CONFIGS[name][1][c] for c in IDS_CLASSES} for name in QUANT_TYPES}
+IDS_CONFIGS["Q4_K"] = {"few": (8, 1, 4, 1), "mid": (8, 1, 2, 1)}
+IDS_CONFIGS["Q6_K"] = {"few": IDS_CONFIGS["Q6_K"]["few"], "mid": (4, 1, 8, 1)}
 # The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
 SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),
                              (4, 4, 1, 1), (4, 4, 1, 2), (8, 8, 1, 1), (4, 1, 4, 1), (4, 2, 4, 1), (4, 4, 2, 1))
