@@ -1,7 +1,7 @@
 """Speed of the decode attention kernels at Qwen2.5-7B's attention shape (hq 28, hkv 4, d 128,
-f16 KV): the old per-head ops.cu pair (attn_decode_partial + attn_decode_merge, through
-attn_decode.legacy_ops_decode; one sequence only) against attn_decode.cu's batched, paged
-kernels, with either partials kernel (tc: tensor cores; simt: f32 FMAs) and the merge.
+f16 KV): attn_decode.cu's batched, paged kernels, with either partials kernel (tc: tensor
+cores; simt: f32 FMAs) and the merge. (The per-head ops.cu pair they replaced, and the "old"
+row this bench timed it in, were removed in session 15.)
 
 Prints, per shape, the median microseconds of one call (one layer's attention) and the KV
 bytes it must read over that time. Timing as bench/kernels.py: a CUDA graph of back-to-back
@@ -96,19 +96,6 @@ def bench_new(cp, B: int, ctx: int, splits_list, reps: int, kinds=("tc", "simt")
     return rows
 
 
-def bench_old(cp, ctx: int, reps: int, inner: int = 5, splits: int = 32):
-    from minferd.kernels.attn_decode import legacy_ops_decode
-    layers, nbytes = kv_copies(cp, ctx)
-    q = cp.random.standard_normal((1, HQ, D), dtype=cp.float32)
-    pos = cp.asarray(np.array([ctx - 1], np.int32))
-    calls = [lambda kv=layers[i % len(layers)]: legacy_ops_decode(q, kv[0], kv[1], pos, slots=ctx, window=0,
-                                                                  scale=D ** -0.5, splits=splits)
-             for i in range(inner)]
-    us = time_calls(cp, calls, reps)
-    print(f"  old  ops.cu, {splits} splits       {us:9.1f} us  {nbytes / us * 1e-6:6.2f} TB/s", flush=True)
-    return us
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=10)
@@ -123,8 +110,6 @@ def main():
         shapes = [(1, 4096, (64,)), (8, 4096, (8,)), (32, 2048, (2,)), (256, 512, ())]
     for B, ctx, sweep in shapes:
         print(f"B={B} ctx={ctx}")
-        if B == 1:
-            bench_old(cp, ctx, a.reps)
         bench_new(cp, B, ctx, sweep, a.reps)
 
 

@@ -1,7 +1,7 @@
 // Batched, paged decode attention: one query row per sequence against an f16 KV cache laid
 // out in fixed-size blocks (vLLM-style block tables), GQA, optional sliding window, f32 math.
 //
-// Why a kernel of its own: ops.cu's attn_decode_partial gives each query head its own CTA,
+// Why a kernel of its own: the one it replaced (ops.cu's, removed since) gave each query head a CTA,
 // so a GQA group of G heads reads the same K/V G times (7x for Qwen2.5-7B), and it reduces
 // every key's dot product across a warp with shuffles. Here one CTA serves a whole group: it
 // streams its share of one kv head's keys through shared memory once and every query head of

@@ -301,21 +301,3 @@ def attn_decode_ref(q, k_cache, v_cache, block_tables, ctx_lens, *, block_size: 
         p /= p.sum(axis=-1, keepdims=True) + extra
         out[b] = np.einsum("kgl,lkd->kgd", p, vb).reshape(hq * d)
     return out
-
-
-def legacy_ops_decode(q, k_ring, v_ring, pos, *, slots: int, window: int, scale: float, splits: int = 32):
-    """The decode attention this module replaces, for bench/attn_decode.py's before/after only:
-    ops.cu's attn_decode_partial + attn_decode_merge (a CTA per (split, query head), one
-    sequence, key position p at slot p % slots of a ring (slots, hkv, d), query at device
-    position pos[0]). Returns out (1, hq * d)."""
-    import cupy as cp
-    _, hq, d = q.shape
-    part_o = cp.empty((splits, hq, d), cp.float32)
-    part_ms = cp.empty((splits, hq, 2), cp.float32)
-    kernel("ops", "attn_decode_partial")(
-        (splits, hq), (128,), (q, k_ring, v_ring, pos, np.int32(slots), np.int32(window), np.float32(scale),
-                               np.int32(hq), np.int32(k_ring.shape[1]), np.int32(d), np.int32(splits), part_o, part_ms))
-    out = cp.empty((1, hq * d), cp.float32)
-    kernel("ops", "attn_decode_merge")((hq,), (d,), (part_o, part_ms, out, np.int32(hq), np.int32(d),
-                                             np.int32(splits), np.uint64(0), np.uint64(0), np.int32(0)))
-    return out
