@@ -31,7 +31,7 @@ static inline int2 make_int2(int a, int b) { return {a, b}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct D3 { unsigned x, y, z; };
-static D3 threadIdx, blockIdx, blockDim;
+static D3 threadIdx, blockIdx, blockDim, gridDim;
 static int misaligned = 0;  // loads the device would have refused (cudaErrorMisalignedAddress)
 template <class T> static inline T __ldg(const T* p) {
   if ((uintptr_t)p % alignof(T)) misaligned++;
@@ -39,6 +39,9 @@ template <class T> static inline T __ldg(const T* p) {
   memcpy(&v, p, sizeof(T));
   return v;
 }
+template <class T> static inline T __ldcg(const T* p) { return __ldg(p); }
+static inline void __threadfence() {}
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned o = *p; *p += v; return o; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
@@ -55,6 +58,7 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+static inline int __shfl_xor_sync(unsigned, int v, int) { return v; }
 static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
 #include "dequant.cu"
