@@ -29,6 +29,7 @@ from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
 from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
+from minferd.kernels.attn_decode import MAX_BATCH as ATTN_MAX_BATCH
 
 log = logging.getLogger("minferd")
 
@@ -78,6 +79,9 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._normed_ahead: tuple | None = None
         with self.stream:  # the fused router's word (kernels/mmvq_ids.router_topk), 0 between launches
             self.route_counter = cp.zeros(1, cp.uint32)
+            # attn_decode's merging words (counter_words <= B * hq): the largest decode batch of up
+            # to 128 query heads; a model with more merges with the merge kernel (cuda_ops.attention)
+            self.attn_counters = cp.zeros(ATTN_MAX_BATCH * 128, cp.uint32)
         self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------

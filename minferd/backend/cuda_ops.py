@@ -8,10 +8,11 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention
+from minferd.backend import cuda_attention, pending
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small
+from minferd.kernels.attn_decode import counter_words
 from minferd.kernels import moe as moe_kernels
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
@@ -125,7 +126,9 @@ class CudaOps:
             return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
             xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
-            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
+            counters = self.attn_counters if pending.ready("merge_in_split") and \
+                counter_words(*q.shape[:2], k.shape[1]) <= self.attn_counters.size else None
+            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks, counters)
         return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 
     def swiglu(self, gate, up):

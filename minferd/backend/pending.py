@@ -16,6 +16,9 @@ PATHS: dict[str, str] = {
     "fused_router": "a float router's mat-vec and moe_topk in one launch for one or two tokens (mmvq.cu "
                     "mmv_float_route): test_moe_device.py test_router_topk_is_the_routers_matmul_then_topk, "
                     "test_router_topk_resets_its_counter_in_a_graph",
+    "merge_in_split": "decode attention's merge done by the last split CTA of each group (attn_decode_tail.cuh), "
+                      "one launch a layer fewer: test_attn_merge.py test_the_last_split_merges_as_the_merge_kernel, "
+                      "test_merging_in_the_split_survives_graph_replays",
 }
 
 

@@ -62,19 +62,20 @@ class Case:
         self.q = (rng.standard_normal((self.B, hq, d)) * q_scale).astype(np.float32)
         self.dev = {k: cp.asarray(getattr(self, k)) for k in ("q", "K", "V", "bt", "lens")}
 
-    def run(self, *, window=0, splits=None, xq=None, out=None):
+    def run(self, *, window=0, splits=None, xq=None, out=None, sinks=None, counters=None):
         if splits is None:
             splits = splits_for(self.B, self.hkv, int(self.lens.max()), d=self.d)
         out = poisoned((self.B, self.hq * self.d), cp.float32) if out is None else out
         dv = self.dev
         attn_decode(dv["q"], dv["K"], dv["V"], dv["bt"], dv["lens"], out, block_size=self.bs, window=window,
-                    scale=self.d ** -0.5, splits=splits, xq=xq)
+                    scale=self.d ** -0.5, splits=splits, xq=xq,
+                    sinks=None if sinks is None else cp.asarray(sinks), counters=counters)
         return out
 
-    def ref(self, window=0, lens=None, bt=None, q=None):
+    def ref(self, window=0, lens=None, bt=None, q=None, sinks=None):
         return attn_decode_ref(self.q if q is None else q, self.K, self.V, self.bt if bt is None else bt,
                                self.lens if lens is None else lens, block_size=self.bs, window=window,
-                               scale=self.d ** -0.5)
+                               scale=self.d ** -0.5, sinks=sinks)
 
 
 def check(out, ref: np.ndarray, lens, what=""):
@@ -309,3 +310,4 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="batches up to 8"):
         attn_decode(nine.dev["q"], nine.dev["K"], nine.dev["V"], nine.dev["bt"], nine.dev["lens"],
                     cp.empty((9, 512), cp.float32), xq=cp.empty(scratch_bytes(9, 512), cp.uint8), **kw)
+
