@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import cupy as cp
 
+from minferd.backend import pending
 from minferd.backend.base import Weight
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
-from minferd.backend import pending
 from minferd.kernels.mmvq import FLOAT_TYPES, MAX_COLS, ROUTE_COLS
 from minferd.kernels.mmvq_ids import mmvq_ids, router_topk
 

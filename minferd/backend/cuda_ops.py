@@ -11,9 +11,8 @@ import numpy as np
 from minferd.backend import cuda_attention, pending
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
-from minferd.kernels import kernel, mmq_small
+from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 from minferd.kernels.attn_decode import counter_words
-from minferd.kernels import moe as moe_kernels
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
 

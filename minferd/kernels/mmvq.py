@@ -83,8 +83,8 @@ IDS_CLASSES = ("few", "mid")
 # 10.65 -> 7.47 us, down 7.78 -> 5.78 (Q4_K) and 11.56 -> 8.52 (Q6_K); its tg128 300.5 -> 326.0
 # with fused_router beside it. MXFP4 (gpt-oss) gained ~3% at the kernel and nothing whole: kept.
 IDS_CONFIGS: dict[str, dict[str, Config]] = {name: {c: CONFIGS[name][1][c] for c in IDS_CLASSES} for name in QUANT_TYPES}
-IDS_CONFIGS["Q4_K"] = {"few": (8, 1, 4, 1), "mid": (8, 1, 2, 1)}
-IDS_CONFIGS["Q6_K"] = {"few": IDS_CONFIGS["Q6_K"]["few"], "mid": (4, 1, 8, 1)}
+IDS_CONFIGS["Q4_K"].update(few=(8, 1, 4, 1), mid=(8, 1, 2, 1))
+IDS_CONFIGS["Q6_K"].update(mid=(4, 1, 8, 1))
 # The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
 SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),
                              (4, 4, 1, 1), (4, 4, 1, 2), (8, 8, 1, 1), (4, 1, 4, 1), (4, 2, 4, 1), (4, 4, 2, 1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -25,7 +26,7 @@ def _overrides() -> dict:
     path = valve("MINFERD_IDS_CONFIGS")
     if path is None:
         return {}
-    table = json.loads(open(path).read())
+    table = json.loads(Path(path).read_text())
     out = {}
     for t, by_class in table.items():
         for c, cfg in by_class.items():
@@ -95,8 +96,9 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
     p = scratch.data.ptr
     with _stream(stream):
         _fn_any(_ids_name(qt, cfg))((-(-rows // per_cta), P, pair), (nw * 32,),
-                                (w, w2p, eb, np.int32(rows), ids, np.int32(xdiv), out, out2p, bp, b2p, np.int64(rb),
-                                 np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K), np.int32(kbp)))
+                                    (w, w2p, eb, np.int32(rows), ids, np.int32(xdiv), out, out2p, bp, b2p, np.int64(rb),
+                                     np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K),
+                                     np.int32(kbp)))
 
 
 def router_topk(qt, w, x, k: int, norm: bool, counter, *, bias=None, stream=None):
