@@ -6,6 +6,8 @@
 #            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
 #   profile  per-kernel time of a decode token and a 2048-token prefill (bench/profile_ops.py)
 #   kernels  the kernel benches (MMQ, FUSED_B) and the prefill gate table (bench/crossover.py --table)
+#   prep     for the next call on the warm machine: llama.cpp built in a process that outlives the call,
+#            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
@@ -22,6 +24,7 @@
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
 #            repeats each model once per setting (any one VAR=value each)
+#   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
@@ -50,10 +53,27 @@ pack() {
 trap pack EXIT
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
+# llama.cpp built in the background (carry .llama), its pid in $build; a warm machine keeps /tmp, so a
+# second call skips the build. LLAMA=0: none (the stages then leave llama.cpp's columns out).
+llama_bg() {
+  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) &
+  elif [ -x /tmp/llama/build/bin/llama-bench ]; then (exit 0) &
+  elif [ -f /tmp/llama-build.started ]; then  # the prep stage's build: wait for its exit status
+    (for _ in $(seq 400); do [ -f /tmp/llama-build.rc ] && break; sleep 2; done; [ -x /tmp/llama/build/bin/llama-bench ]) &
+  else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) &
+  fi; build=$!
+}
 synth() { [ -f /tmp/q$1.gguf ] || python3 -m minferd.cli synth --arch $2 --preset $3 --quant q4_k_m --random-blocks /tmp/q$1.gguf; }
 q7b() { synth 7b qwen2 7b; }
 q05b() { synth 05b qwen2 0.5b; }
 q8b() { synth 8b llama 8b; }
+# MOE_MODELS: 30b (qwen3moe 30b-a3b, Q4_K_M) and / or 20b (gpt-oss 20b, MXFP4 experts).
+synth_moe() {
+  case $1 in
+    30b) [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m --random-blocks /tmp/q30b.gguf;;
+    20b) [ -f /tmp/q20b.gguf ] || python3 -m minferd.cli synth --arch gpt-oss --preset 20b --quant q8_0 --random-blocks /tmp/q20b.gguf;;
+  esac
+}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # tests/cuda (or $TESTS) within $1 seconds in all: the kernel tests in 8 processes where pytest-xdist came
 # in .whl, then, alone on the GPU, those that read its free memory or run whole engines.
@@ -71,6 +91,16 @@ cuda_tests() {
   { timeout -s INT $(($1 * 2 / 3)) python3 -m pytest $args ${xd:+-v} $xd "${par[@]}"
     timeout -s INT $(($1 / 3)) python3 -m pytest $args $SERIAL; } \
     2>&1 | tee "$OUT/cuda.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -25
+}
+# backend/pending.py's waiting paths: their own tests (each path's list in pending.PATHS), within $1
+# seconds. A pass lets the next commit take the names out of pending.PATHS. PENDING=1 runs them in the
+# latency and moe stages too, while llama.cpp builds.
+pending_tests() {
+  local files names
+  files=$(python3 -c "from minferd.backend import pending; print(' '.join(pending.tests()[0]))")
+  names=$(python3 -c "from minferd.backend import pending; print(' or '.join(pending.tests()[1]))")
+  timeout -s INT "$1" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=5 $files -k "$names" \
+    2>&1 | tee "$OUT/pending.log" | tail -15
 }
 if want tests; then
   cuda_tests ${TEST_LIMIT:-540}
@@ -107,13 +137,16 @@ if want kernels; then
   python3 bench/mmq.py --json "$OUT/mmq.json" 2>&1 | tee -a "$OUT/kernels.log"
   python3 bench/gemm_f16.py --json "$OUT/gemm_f16.json" 2>&1 | tee -a "$OUT/kernels.log"
 fi
+if [ "$stage" = prep ]; then
+  # For the next call on this (warm) machine: llama.cpp built by a process that outlives this call
+  # (setsid), and the model files synthesized (MODELS="05b 7b 8b" dense, MOE_MODELS="30b 20b").
+  [ -x /tmp/llama/build/bin/llama-bench ] || [ -f /tmp/llama-build.started ] || { touch /tmp/llama-build.started
+    setsid bash -c 'bash .llama/llama_cpp.sh build > /tmp/llama-build.log 2>&1; echo $? > /tmp/llama-build.rc' < /dev/null & }
+  for m in ${MODELS:-}; do q$m; done
+  for m in ${MOE_MODELS:-}; do synth_moe $m; done
+fi
 if [ "$stage" = pending ]; then
-  # backend/pending.py's waiting paths: their own tests (each path's list in pending.PATHS). A pass
-  # lets the next commit take the names out of pending.WAITING.
-  files=$(python3 -c "from minferd.backend import pending; print(' '.join(pending.tests()[0]))")
-  names=$(python3 -c "from minferd.backend import pending; print(' or '.join(pending.tests()[1]))")
-  timeout -s INT ${TEST_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=5 $files -k "$names" \
-    2>&1 | tee "$OUT/pending.log" | tail -15
+  pending_tests ${TEST_LIMIT:-240}
 fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
@@ -123,7 +156,7 @@ fi
 if [ "$stage" = verify ]; then
   # A session's whole check in one call: llama.cpp builds in the background (carry .llama, made by
   # ../shared/device/llama_cpp.sh prep) while tests/cuda runs, then both time the same file.
-  (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & build=$!
+  llama_bg
   cuda_tests ${TEST_LIMIT:-420}
   q7b
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512,2048 -n 128 -r 3 \
@@ -182,7 +215,8 @@ if [ "$stage" = cold ]; then
 fi
 if [ "$stage" = latency ]; then
   # LLAMA=0: no llama.cpp columns (an A/B of our own settings needs no build).
-  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
+  llama_bg
+  [ -n "${PENDING:-}" ] && pending_tests ${PENDING_LIMIT:-200}
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   for m in ${MODELS:-05b 7b 8b}; do q$m; done
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
@@ -199,15 +233,9 @@ if [ "$stage" = latency ]; then
   done
 fi
 if [ "$stage" = moe ]; then
-  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
+  llama_bg
+  [ -n "${PENDING:-}" ] && pending_tests ${PENDING_LIMIT:-200}
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-200}; fi
-  # MOE_MODELS: 30b (qwen3moe 30b-a3b, Q4_K_M) and / or 20b (gpt-oss 20b, MXFP4 experts).
-  synth_moe() {
-    case $1 in
-      30b) [ -f /tmp/q30b.gguf ] || python3 -m minferd.cli synth --arch qwen3moe --preset 30b-a3b --quant q4_k_m --random-blocks /tmp/q30b.gguf;;
-      20b) [ -f /tmp/q20b.gguf ] || python3 -m minferd.cli synth --arch gpt-oss --preset 20b --quant q8_0 --random-blocks /tmp/q20b.gguf;;
-    esac
-  }
   for m in ${MOE_MODELS:-30b}; do
     synth_moe $m
     # A budget that holds the dense class's f16 copy, and one that holds the weights but not it.
@@ -236,7 +264,7 @@ if [ "$stage" = serve ]; then
   # niced: sixteen compiler jobs beside them starved its engine).
   # The single-stream bench waits for the build too: s8's ran beside it and lost ~6%.
   # LLAMA=0 skips llama.cpp's columns, TESTS=none the tests (a re-run of our own figures).
-  if [ "${LLAMA:-1}" = 0 ]; then (exit 1) & else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) & fi; build=$!
+  llama_bg
   [ "${TESTS:-}" = none ] || cuda_tests ${TEST_LIMIT:-300}
   q7b
   wait $build; built=$?

@@ -77,8 +77,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         # (sum, weight, eps, normed, its _xq slot): an MoE's output normalised in its combine's
         # launch, for the rmsnorm call that asks for it next (cuda_ops.combine_norm).
         self._normed_ahead: tuple | None = None
-        with self.stream:  # the fused router's word (kernels/mmvq_ids.router_topk), 0 between launches
-            self.route_counter = cp.zeros(1, cp.uint32)
+        with self.stream:
             # attn_decode's merging words (counter_words <= B * hq): the largest decode batch of up
             # to 128 query heads; a model with more merges with the merge kernel (cuda_ops.attention)
             self.attn_counters = cp.zeros(ATTN_MAX_BATCH * 128, cp.uint32)

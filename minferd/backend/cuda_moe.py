@@ -2,8 +2,7 @@
 prefill as grouped GEMMs.
 
 Up to MAX_ROWS tokens, a layer is six launches and no host round trip: the router's logits
-(mat-vec) and moe.topk (each token's k experts and their weights, on the device; for a float
-router and a token or two, one launch: mmvq_ids.router_topk), gate and up in
+(mat-vec) and moe.topk (each token's k experts and their weights, on the device), gate and up in
 one mmvq_ids over those ids (each pick reads only its expert's bytes, x quantized once; gpt-oss's
 expert biases added in its epilogue), the gated activation (which leaves its output in the
 mat-vec format), down as mmvq_ids, and the weighted sum onto the residual, which also makes the
@@ -26,12 +25,11 @@ from __future__ import annotations
 
 import cupy as cp
 
-from minferd.backend import pending
 from minferd.backend.base import Weight
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
-from minferd.kernels.mmvq import FLOAT_TYPES, MAX_COLS, ROUTE_COLS
-from minferd.kernels.mmvq_ids import mmvq_ids, router_topk
+from minferd.kernels.mmvq import MAX_COLS
+from minferd.kernels.mmvq_ids import mmvq_ids
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
 
@@ -101,7 +99,7 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     reads ids on the device), swiglu_oai in place of SwiGLU."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
-    ids, wts = _route(be, x, router, router_bias, k, norm_topk)
+    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
     biases = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]  # in the epilogue, or None
     g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
@@ -116,16 +114,6 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     if then_norm is not None:
         return be.combine_norm(y, wts, k, res, *then_norm)
     return moe_kernels.combine(y, wts, k, res)
-
-
-def _route(be, x, router: Weight, bias, k: int, norm: bool):
-    """Each token's k experts and weights: a float router's mat-vec and the top-k in one launch
-    for a token or two (the single-stream decode), else the mat-vec, then moe.topk."""
-    if pending.ready("fused_router") and router.qtype.name in FLOAT_TYPES and x.shape[0] <= ROUTE_COLS \
-            and router.n_rows <= moe_kernels.MAX_EXPERTS and k <= min(router.n_rows, moe_kernels.MAX_K):
-        return router_topk(router.qtype, router.data, x, k, norm, be.route_counter,
-                           bias=None if bias is None else bias.data)
-    return moe_kernels.topk(be.matmul(x, router, bias), k, norm)
 
 
 def _biased(be, out, exps_bias, i: int, experts):

@@ -103,12 +103,23 @@ class CudaOps:
                                             (k, v, cache.k[layer], cache.v[layer], batch.dev["slots"], np.int32(n),
                                              np.int32(row)))
 
-    def rope_kv(self, q, k, v, cache: KVCache, layer, batch, base, scale, neox, freq_factors=None):
+    def rope_kv(self, q, k, v, cache: KVCache, layer, batch, base, scale, neox, freq_factors=None, qk_norm=None):
+        fuse = qk_norm is not None and pending.ready("norm_rope")
+        if qk_norm is not None and not fuse:
+            q, k = self.rmsnorm_pair(q, qk_norm[0], k, qk_norm[1], qk_norm[2])
         q = cp.ascontiguousarray(q, dtype=cp.float32)  # rotated in place: a fresh temporary of this pass
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, hq, d = q.shape
         hkv = k.shape[1]
+        if fuse:  # the head norms, rope and the KV write: one warp a head
+            ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
+            wq, wk, eps = qk_norm
+            _op("norm_rope_kv")(((n * (hq + hkv) + 7) // 8,), (256,),
+                                (q, k, v, cache.k[layer], cache.v[layer], batch.dev["positions"], np.int32(n),
+                                 np.int32(hq), np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
+                                 np.int32(neox), ff, batch.dev["slots"], wq.data, wk.data, np.float32(eps)))
+            return q
         total = n * (hq + hkv) * (d // 2)
         ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
         _op("rope_kv")(((total + 255) // 256,), (256,),

@@ -13,9 +13,8 @@ from minferd.config import valve
 # Session 15 saw moe_align, paired_ids, ids_bias, oai_act_q, qk_norm_pair and combine_norm pass
 # on the H200 (bench/NOTES.md) and took them out.
 PATHS: dict[str, str] = {
-    "fused_router": "a float router's mat-vec and moe_topk in one launch for one or two tokens (mmvq.cu "
-                    "mmv_float_route): test_moe_device.py test_router_topk_is_the_routers_matmul_then_topk, "
-                    "test_router_topk_resets_its_counter_in_a_graph",
+    "norm_rope": "qwen3's q / k head norms inside rope_kv (ops.cu norm_rope_kv), one launch a layer fewer: "
+                 "test_fused_ops.py test_norm_rope_kv_is_rmsnorm_pair_then_rope_kv",
     "merge_in_split": "decode attention's merge done by the last split CTA of each group (attn_decode_tail.cuh), "
                       "one launch a layer fewer: test_attn_merge.py test_the_last_split_merges_as_the_merge_kernel, "
                       "test_merging_in_the_split_survives_graph_replays",

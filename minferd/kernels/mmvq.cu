@@ -38,7 +38,6 @@
 #include "pdl.cuh"
 #include "mmvq_units_k.cuh"
 #include "xquant.cuh"
-#include "topk.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -293,28 +292,4 @@ mmv_float_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_by
   const float* __restrict__ b = blockIdx.z ? B2 : B;
   mmv_float_rows<TYPE, 1, VEC>(w + (i64)e * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
                                1, o + (i64)p * nrows, b ? b + (i64)e * nrows : nullptr, nullptr);
-}
-
-// An MoE router's mat-vec (float weights, E rows, ncols <= NC tokens) and moe_topk in one node: the
-// CTA that finishes last (every CTA bumps *counter once; that one resets it for the next launch or
-// graph replay) routes each token from the logits the others wrote (topk.cuh: moe_topk's
-// function, so the same picks and weights). 128 threads, as TOPK_THREADS.
-template <int TYPE, int NC, int VEC>
-__global__ void __launch_bounds__(128)
-mmv_float_route(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x, int ncols,
-                float* __restrict__ logits, const float* __restrict__ bias, unsigned* __restrict__ counter, int k,
-                int norm, int* __restrict__ ids, float* __restrict__ wts) {
-  pdl_enter();
-  mmv_float_rows<TYPE, NC, VEC>(W, row_bytes, nrows, K, x, ncols, logits, bias, nullptr);
-  __shared__ bool last;
-  __syncthreads();  // this CTA's logits are written
-  if (threadIdx.x == 0) {
-    __threadfence();  // ... and visible to the CTA that routes
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int t = 0; t < ncols; ++t) topk_token(logits + (i64)t * nrows, nrows, k, norm, ids + t * k, wts + t * k);
-  if (threadIdx.x == 0) *counter = 0u;
 }

@@ -80,8 +80,8 @@ IDS_CLASSES = ("few", "mid")
 # Defaults: the one-column shapes of the dense table, but where bench/moe_ids.py measured better
 # on the H200 (s15, bench/results/s15-ids): one warp a row group, not K split over warps (an
 # expert's rows are short: the 30b-a3b's K is 2048 and 768). At the 30b-a3b's shapes: gate+up
-# 10.65 -> 7.47 us, down 7.78 -> 5.78 (Q4_K) and 11.56 -> 8.52 (Q6_K); its tg128 300.5 -> 326.0
-# with fused_router beside it. MXFP4 (gpt-oss) gained ~3% at the kernel and nothing whole: kept.
+# 10.65 -> 7.47 us, down 7.78 -> 5.78 (Q4_K) and 11.56 -> 8.52 (Q6_K); its tg128 300.5 -> 335.6
+# (s16, llama.cpp 309.3). MXFP4 (gpt-oss) gained ~3% at the kernel and nothing whole: kept.
 IDS_CONFIGS: dict[str, dict[str, Config]] = {name: {c: CONFIGS[name][1][c] for c in IDS_CLASSES} for name in QUANT_TYPES}
 IDS_CONFIGS["Q4_K"].update(few=(8, 1, 4, 1), mid=(8, 1, 2, 1))
 IDS_CONFIGS["Q6_K"].update(mid=(4, 1, 8, 1))
@@ -136,13 +136,6 @@ def _float_ids_name(qt: QuantType, vec: int) -> str:
     return f"mmv_float_ids<{qt.ggml_id}, {vec}>"
 
 
-ROUTE_COLS = 2  # tokens mmv_float_route routes at most (its last CTA routes them one by one)
-
-
-def _route_name(qt: QuantType, nc: int, vec: int) -> str:
-    return f"mmv_float_route<{qt.ggml_id}, {nc}, {vec}>"
-
-
 def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
@@ -151,7 +144,6 @@ def names() -> tuple[str, ...]:
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
         names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]
-        names += [_route_name(TYPES[name], nc, v) for nc in range(1, ROUTE_COLS + 1) for v in (1, 8)]
     return tuple(dict.fromkeys(names))
 
 

@@ -13,10 +13,9 @@ import numpy as np
 from minferd.config import valve
 
 from .dequant import check_rows
-from .mmvq import (FLOAT_TYPES, IDS_CLASSES, IDS_CONFIGS, QUANT_TYPES, ROUTE_COLS, Config, _check_f32, _check_scratch,
-                   _check_x, _float_ids_name, _fn, _fn_any, _ids_class, _ids_name, _ptr, _qt, _route_name, _stream,
+from .mmvq import (FLOAT_TYPES, IDS_CLASSES, IDS_CONFIGS, QUANT_TYPES, Config, _check_f32, _check_scratch,
+                   _check_x, _float_ids_name, _fn, _fn_any, _ids_class, _ids_name, _ptr, _qt, _stream,
                    xq_layout)
-from .moe import MAX_EXPERTS, MAX_K
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,33 +98,3 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
                                     (w, w2p, eb, np.int32(rows), ids, np.int32(xdiv), out, out2p, bp, b2p, np.int64(rb),
                                      np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K),
                                      np.int32(kbp)))
-
-
-def router_topk(qt, w, x, k: int, norm: bool, counter, *, bias=None, stream=None):
-    """moe.topk(x @ dequant(w).T + bias, k, norm) in ONE launch (mmvq.cu's mmv_float_route): the
-    router's logits and each token's k experts with their weights, for float router weights w (E,
-    row_bytes) uint8 and up to ROUTE_COLS tokens x (n, K) f32. counter: a uint32 (1,) device
-    word that is 0, kept by the caller for every launch on its stream (the kernel leaves it 0;
-    two launches in flight at once on other streams need their own). Returns (ids (n * k,)
-    int32, weights (n * k,) f32) as moe.topk does."""
-    import cupy as cp
-    qt = _qt(qt)
-    if qt.name not in FLOAT_TYPES:
-        raise ValueError(f"router_topk: {qt.name} is not a float type ({', '.join(FLOAT_TYPES)})")
-    _check_x(x, max_rows=ROUTE_COLS)
-    n, K = x.shape
-    E, rb = w.shape[0], check_rows(qt, w, K)
-    if not 1 <= E <= MAX_EXPERTS or not 1 <= k <= min(E, MAX_K):
-        raise ValueError(f"router_topk: top {k} of {E} experts (at most {MAX_EXPERTS} experts and {MAX_K} picks, k <= E)")
-    if counter.dtype != np.uint32 or counter.shape != (1,):
-        raise ValueError(f"router_topk: counter must be one uint32, got {counter.dtype} {tuple(counter.shape)}")
-    _check_f32(bias, (E,), "bias")
-    aligned = w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0
-    vec = 8 if K % 8 == 0 and rb % 16 == 0 and aligned else 1
-    with _stream(stream):
-        logits = cp.empty((n, E), cp.float32)
-        ids, wts = cp.empty(n * k, cp.int32), cp.empty(n * k, cp.float32)
-        _fn(_route_name(qt, n, vec))((-(-E // 4),), (128,),
-                                     (w, np.int64(rb), np.int32(E), np.int32(K), x, np.int32(n), logits, _ptr(bias),
-                                      counter, np.int32(k), np.int32(bool(norm)), ids, wts))
-    return ids, wts

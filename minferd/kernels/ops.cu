@@ -214,6 +214,52 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
     V[dst + b] = __float2half_rn(v[src + b]);
 }
 
+// qwen3's q and k head norms (rmsnorm_pair's, with wq / wk) and then rope_kv, in one launch: one
+// warp a (token, head). The sum of squares is added in the order block_sum adds it for a
+// 256-thread CTA (a lane's elements 256 apart, each warp's 32, then the warps' sums as a warp
+// sum), so the normed values, and all that follows, are rmsnorm_pair's then rope_kv's bits.
+// q is read and written in place (no __restrict__ on it).
+extern "C" __global__ void norm_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v,
+                                        __half* __restrict__ K, __half* __restrict__ V, const int* __restrict__ pos,
+                                        int n, int hq, int hkv, int d, float base, float scale, int neox,
+                                        const float* __restrict__ ff, const int* __restrict__ slot_of,
+                                        const float* __restrict__ wq, const float* __restrict__ wk, float eps) {
+    pdl_enter();
+    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;  // token * (hq + hkv) + head
+    const int lane = threadIdx.x % WARP;
+    if (row >= (long long)n * (hq + hkv)) return;  // whole warps leave together
+    const int tok = row / (hq + hkv), h = row % (hq + hkv), kh = h - hq;
+    const bool isq = h < hq;
+    float* src = isq ? q + ((long long)tok * hq + h) * d : const_cast<float*>(k) + ((long long)tok * hkv + kh) * d;
+    const float* w = isq ? wq : wk;
+    float mine = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        float s = 0.f;
+        for (int e = 32 * j + lane; e < d; e += 256) s += src[e] * src[e];
+        s = warp_sum(s);
+        if (lane == j) mine = s;
+    }
+    const float inv = 1.0f / sqrtf(warp_sum(mine) / d + eps);
+    const int half = d / 2, p = pos[tok];
+    const long long dst = isq ? 0 : ((long long)slot_of[tok] * hkv + kh) * d;
+    const float* vs = v + ((long long)tok * hkv + kh) * d;
+    for (int i = lane; i < half; i += WARP) {
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float xa = src[a] * inv * w[a], xb = src[b] * inv * w[b];
+        rope_pair(xa, xb, p, i, d, base, scale, ff);
+        if (isq) {
+            src[a] = xa;
+            src[b] = xb;
+        } else {
+            K[dst + a] = __float2half_rn(xa);
+            K[dst + b] = __float2half_rn(xb);
+            V[dst + a] = __float2half_rn(vs[a]);
+            V[dst + b] = __float2half_rn(vs[b]);
+        }
+    }
+}
+
 // K/V (n, kv_heads, d) f32 -> the f16 cache rows at slot slot_of[token].
 extern "C" __global__ void kv_write_f16(const float* __restrict__ k, const float* __restrict__ v,
                                         __half* __restrict__ K, __half* __restrict__ V,

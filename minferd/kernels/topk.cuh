@@ -1,5 +1,5 @@
-// Mixture-of-experts routing, one token a CTA: moe.cu's moe_topk and mmvq.cu's fused router
-// (mmv_float_route) run this one function, so both pick the same experts with the same weights.
+// Mixture-of-experts routing, one token a CTA (moe.cu's moe_topk). A fused router (the mat-vec's
+// last CTA routing, s15) ran this too and lost 1-2% tg to moe_topk's separate node (s16): gone.
 #pragma once
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)  // NVRTC has no math.h
@@ -31,8 +31,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 
 // One token's logits row (E) -> ids (k) in descending logit order and weights (k): the softmax
 // over all E at the top k, renormalized over the k where norm (route's rule). A CTA of
-// TOPK_THREADS threads, all of them calling. The row is read through L2 (__ldcg): the fused
-// router (mmvq.cu's mmv_float_route) routes from logits other CTAs have just written.
+// TOPK_THREADS threads, all of them calling. The row is read through L2 (__ldcg).
 __device__ __forceinline__ void topk_token(const float* row, int E, int k, int norm, int* __restrict__ ids,
                                            float* __restrict__ wts) {
   __shared__ float l[MAX_EXPERTS];

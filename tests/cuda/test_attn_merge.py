@@ -48,7 +48,8 @@ def test_merging_in_the_split_survives_graph_replays(kind):
     each replay equals the reference (the counters the last CTAs reset serve the next launch)."""
     rng = np.random.default_rng(12)
     B, hq, hkv, d, bs = 3, 16, 2, 128, 16
-    cases = [Case(rng, [700, 5, 0], hq, hkv, d, bs=bs, spare_cols=10) for _ in range(3)]
+    # Built at lengths each replay's stay within: table entries past a built length are garbage.
+    cases = [Case(rng, [700, 200, 40], hq, hkv, d, bs=bs, spare_cols=10) for _ in range(3)]
     splits = max(2, splits_for(B, hkv, cases[0].max_blocks * bs))
     counters = cp.zeros(ad.counter_words(B, hq, hkv), cp.uint32)
     outs = [poisoned((B, hq * d), cp.float32) for _ in cases]

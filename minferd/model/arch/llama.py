@@ -102,8 +102,8 @@ class LlamaModel:
                                    for r in range(0, x.shape[0], LOGITS_ROWS)])
 
     def qkv(self, i: int, x):
-        """Layer i's q (n, Hq, D), k and v (n, Hkv, D): projected, biased where the file has biases,
-        q and k normed where the architecture norms them."""
+        """Layer i's q (n, Hq, D), k and v (n, Hkv, D): projected, biased where the file has biases
+        (q's and k's head norms, where the architecture has them, come in rope_kv: qk_norm)."""
         s, be, p = self.spec, self.be, f"blk.{i}."
         n = x.shape[0]
         names = [p + "attn_q", p + "attn_k", p + "attn_v"]
@@ -111,9 +111,14 @@ class LlamaModel:
         q = q.reshape(n, s.n_heads, s.head_dim)
         k = k.reshape(n, s.n_kv_heads, s.head_dim)
         v = v.reshape(n, s.n_kv_heads, s.head_dim)
-        if s.qk_norm:
-            q, k = be.rmsnorm_pair(q, self.w[p + "attn_q_norm.weight"], k, self.w[p + "attn_k_norm.weight"], s.norm_eps)
         return q, k, v
+
+    def qk_norm(self, i: int) -> tuple | None:
+        """(q's head norm, k's, eps) where the architecture norms them (rope_kv applies them)."""
+        if not self.spec.qk_norm:
+            return None
+        p = f"blk.{i}."
+        return self.w[p + "attn_q_norm.weight"], self.w[p + "attn_k_norm.weight"], self.spec.norm_eps
 
     def attention(self, i: int, x, batch: Batch, cache: KVCache):
         """Project, rope, cache and attend; returns the attention output before attn_output."""
@@ -123,7 +128,7 @@ class LlamaModel:
         base = s.rope_base_swa if swa else s.rope_base
         scale = 1.0 if swa else s.rope_scale
         neox = s.rope_type == "neox"
-        q = be.rope_kv(q, k, v, cache, i, batch, base, scale, neox, self.freq_factors)
+        q = be.rope_kv(q, k, v, cache, i, batch, base, scale, neox, self.freq_factors, self.qk_norm(i))
         window = s.sliding_window if swa else 0
         return be.attention(q, cache, i, batch, window, s.attn_scale)
 
