@@ -13,6 +13,8 @@ from minferd.config import valve
 # Session 15 saw moe_align, paired_ids, ids_bias, oai_act_q, qk_norm_pair and combine_norm pass
 # on the H200 (bench/NOTES.md) and took them out.
 PATHS: dict[str, str] = {
+    "glu_ids": "an MoE decode's gate, up and activation in one launch (mmvq.cu mmvq_ids_glu): "
+               "test_moe_glu.py test_glu_is_paired_ids_then_act_gate, test_moe_decode_with_glu_matches_without",
     "norm_rope": "qwen3's q / k head norms inside rope_kv (ops.cu norm_rope_kv), one launch a layer fewer: "
                  "test_fused_ops.py test_norm_rope_kv_is_rmsnorm_pair_then_rope_kv",
     "merge_in_split": "decode attention's merge done by the last split CTA of each group (attn_decode_tail.cuh), "
