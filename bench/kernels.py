@@ -106,6 +106,9 @@ def main() -> int:
     for tname in types:
         qt = TYPES[tname]
         for rows, K in shapes:
+            if K % qt.block_elems:  # the 0.5B's 896-wide rows take no 256-element blocks (its files use Q5_0 / Q8_0 there)
+                print(f"mmvq    {tname:6s} {rows:6d}x{K:<6d} skipped: rows of {K} are not whole {qt.block_elems}-element blocks")
+                continue
             rb = row_bytes(qt, K)
             wbytes = rows * rb
             ws = [w.reshape(rows, rb) for w in random_weights(cp, wbytes, copies_for(wbytes, l2))]

@@ -29,7 +29,6 @@ from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
 from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
-from minferd.kernels.attn_decode import MAX_BATCH as ATTN_MAX_BATCH
 
 log = logging.getLogger("minferd")
 
@@ -77,10 +76,6 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         # (sum, weight, eps, normed, its _xq slot): an MoE's output normalised in its combine's
         # launch, for the rmsnorm call that asks for it next (cuda_ops.combine_norm).
         self._normed_ahead: tuple | None = None
-        with self.stream:
-            # attn_decode's merging words (counter_words <= B * hq): the largest decode batch of up
-            # to 128 query heads; a model with more merges with the merge kernel (cuda_ops.attention)
-            self.attn_counters = cp.zeros(ATTN_MAX_BATCH * 128, cp.uint32)
         self._cublas_ws = None
 
     # ---- memory --------------------------------------------------------------------------

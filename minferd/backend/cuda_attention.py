@@ -57,18 +57,17 @@ def paged_prefill(q, k, v, batch, window: int, scale: float, sinks=None):
     return out
 
 
-def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None, sinks=None, counters=None):
+def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None, sinks=None):
     """q (B, hq, d) f32, one query per sequence, each over its own keys through the batch's
     block tables (device arrays: a captured graph replays it for other tables and lengths).
-    int8_x_args(out), for B <= 8: the merge also leaves out in the mat-vec kernels' int8 format.
-    counters (the backend's zeroed words): the last split CTA merges, no merge launch."""
+    int8_x_args(out), for B <= 8: the merge also leaves out in the mat-vec kernels' int8 format."""
     B, hq, d = q.shape
     out = cp.empty((B, hq * d), cp.float32)
     splits = min(splits_for(B, k.shape[1], batch.block_tables.shape[1] * batch.block_size, d=d),
                  max(1, DECODE_PARTIAL_ROWS // B))  # what the scratch estimate allows
     attn_decode(q, k, v, batch.dev["block_tables"], batch.dev["ctx_lens"], out, block_size=batch.block_size,
                 window=window, scale=scale, splits=splits, xq=None if int8_x_args is None else int8_x_args(out),
-                sinks=sinks, counters=counters)
+                sinks=sinks)
     return out
 
 

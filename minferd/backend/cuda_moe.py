@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import cupy as cp
 
-from minferd.backend import pending
 from minferd.backend.base import Weight
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
 from minferd.kernels.mmvq import MAX_COLS
-from minferd.kernels.mmvq_ids import mmvq_ids, mmvq_ids_glu
+from minferd.kernels.mmvq_ids import mmvq_ids
 
 MAX_ROWS = MAX_COLS  # the mat-vec kernels' batch: the rows a decode graph of an MoE may hold
 
@@ -103,14 +102,11 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
     biases = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]  # in the epilogue, or None
-    if _glu_fuses(gate_exps, up_exps, down_exps, exps_bias, biases):
-        h = _gate_up_act(be, gate_exps, up_exps, n_expert, x, xs, ids, k, biases, oai_glu)
-    else:
-        g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
-        g = g if biases[0] is not None else _biased(be, g, exps_bias, 0, ids)
-        u = u if biases[1] is not None else _biased(be, u, exps_bias, 1, ids)
-        # SwiGLU or gpt-oss's swiglu_oai, leaving h in the mat-vec format (be._xq) for down
-        h = be._act_gate(g, u, 0) if oai_glu is None else be._act_gate(g, u, 2, *oai_glu)
+    g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
+    g = g if biases[0] is not None else _biased(be, g, exps_bias, 0, ids)
+    u = u if biases[1] is not None else _biased(be, u, exps_bias, 1, ids)
+    # SwiGLU or gpt-oss's swiglu_oai, leaving h in the mat-vec format (be._xq) for down
+    h = be._act_gate(g, u, 0) if oai_glu is None else be._act_gate(g, u, 2, *oai_glu)
     hs = be._xq[2] if down_exps.qtype.is_quantized else None
     y = _products(down_exps, n_expert, h, hs, ids, 1, biases[2])
     y = y if biases[2] is not None else _biased(be, y, exps_bias, 2, ids)
@@ -147,24 +143,6 @@ def _gate_up(gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int, b
                  bias=bias_g, bias2=bias_u)
         return g, u
     return _products(gate, n_expert, x, scratch, ids, k, bias_g), _products(up, n_expert, x, scratch, ids, k, bias_u)
-
-
-def _glu_fuses(gate: Weight, up: Weight, down: Weight, exps_bias, biases) -> bool:
-    """Whether gate, up and the activation run as one mmvq_ids_glu launch: quantized experts of
-    one type and shape, rows in 32-row blocks, biases (if any) in the epilogue, down quantized."""
-    return pending.ready("glu_ids") and gate.qtype == up.qtype and gate.qtype.is_quantized and \
-        down.qtype.is_quantized and gate.data.shape == up.data.shape and gate.shape[1] % 32 == 0 and \
-        (exps_bias is None or (biases[0] is not None and biases[1] is not None))
-
-
-def _gate_up_act(be, gate: Weight, up: Weight, n_expert: int, x, scratch, ids, k: int, biases, oai_glu):
-    """act(gate's products) * up's, left in the mat-vec format for down (be._xq), one launch."""
-    shape = (ids.shape[0], gate.shape[1])
-    g, u, h = (cp.empty(shape, cp.float32) for _ in range(3))
-    alpha, limit = oai_glu or (0.0, 0.0)
-    mmvq_ids_glu(gate.qtype, gate.data, up.data, n_expert, x, ids, k, g, u, h, "silu" if oai_glu is None else "oai",
-                 scratch=scratch, y_scratch=be._new_xq(h), alpha=alpha, limit=limit, bias=biases[0], bias2=biases[1])
-    return h
 
 
 def _products(w: Weight, n_expert: int, x, scratch, ids, xdiv: int, bias=None):

@@ -8,13 +8,16 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, pending
+from minferd.backend import cuda_attention
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
-from minferd.kernels.attn_decode import counter_words
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
+# Passes of this many tokens or more norm q's and k's heads inside rope_kv (norm_rope_kv, one warp
+# a head): 30b-a3b pp2048 16300 -> 16763 tok/s on the H200 (s16); a decode step of one token lost
+# (324 -> 310 tok/s: 36 warps on 5 SMs, each a whole head's chain), so decode keeps two launches.
+NORM_ROPE_MIN_ROWS = 128
 
 
 def _op(name: str):
@@ -104,7 +107,7 @@ class CudaOps:
                                              np.int32(row)))
 
     def rope_kv(self, q, k, v, cache: KVCache, layer, batch, base, scale, neox, freq_factors=None, qk_norm=None):
-        fuse = qk_norm is not None and pending.ready("norm_rope")
+        fuse = qk_norm is not None and q.shape[0] >= NORM_ROPE_MIN_ROWS
         if qk_norm is not None and not fuse:
             q, k = self.rmsnorm_pair(q, qk_norm[0], k, qk_norm[1], qk_norm[2])
         q = cp.ascontiguousarray(q, dtype=cp.float32)  # rotated in place: a fresh temporary of this pass
@@ -112,7 +115,7 @@ class CudaOps:
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, hq, d = q.shape
         hkv = k.shape[1]
-        if fuse:  # the head norms, rope and the KV write: one warp a head
+        if fuse:  # the head norms, rope and the KV write in one launch: one warp a head
             ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
             wq, wk, eps = qk_norm
             _op("norm_rope_kv")(((n * (hq + hkv) + 7) // 8,), (256,),
@@ -136,9 +139,7 @@ class CudaOps:
             return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
             xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
-            counters = self.attn_counters if pending.ready("merge_in_split") and \
-                counter_words(*q.shape[:2], k.shape[1]) <= self.attn_counters.size else None
-            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks, counters)
+            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
         return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 
     def swiglu(self, gate, up):

@@ -11,16 +11,10 @@ import re
 from minferd.config import valve
 
 # Session 15 saw moe_align, paired_ids, ids_bias, oai_act_q, qk_norm_pair and combine_norm pass
-# on the H200 (bench/NOTES.md) and took them out.
-PATHS: dict[str, str] = {
-    "glu_ids": "an MoE decode's gate, up and activation in one launch (mmvq.cu mmvq_ids_glu): "
-               "test_moe_glu.py test_glu_is_paired_ids_then_act_gate, test_moe_decode_with_glu_matches_without",
-    "norm_rope": "qwen3's q / k head norms inside rope_kv (ops.cu norm_rope_kv), one launch a layer fewer: "
-                 "test_fused_ops.py test_norm_rope_kv_is_rmsnorm_pair_then_rope_kv",
-    "merge_in_split": "decode attention's merge done by the last split CTA of each group (attn_decode_tail.cuh), "
-                      "one launch a layer fewer: test_attn_merge.py test_the_last_split_merges_as_the_merge_kernel, "
-                      "test_merging_in_the_split_survives_graph_replays",
-}
+# on the H200 (bench/NOTES.md) and took them out. Session 16 measured fused_router, merge_in_split,
+# norm_rope and glu_ids (their tests passed): each lost decode speed, so three went and norm_rope
+# stays for prefills only (cuda_ops.NORM_ROPE_MIN_ROWS), where it won (NOTES).
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

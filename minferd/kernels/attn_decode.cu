@@ -81,8 +81,7 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
                   const int* __restrict__ block_tables, const int* __restrict__ ctx_lens,
                   float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                   int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
-                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
-                  unsigned* __restrict__ counters, const float* __restrict__ sinks, float* __restrict__ mout) {
+                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
   pdl_enter();
   typedef Cfg<D, GM> C;
   constexpr int TK = C::TK, KK = C::KK, GP = C::GP, ROW = C::ROW, NC = C::NC, KS = C::KS;
@@ -104,7 +103,6 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
   const long long row0 = (long long)b * hq + h0;  // (sequence, first head) row of the partials
   if (k0 >= k1) {
     empty_share(out, xq, xds, kbp, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
-    merge_if_last(counters, part_o, part_ml, sinks, mout, xq, xds, kbp, b, hq, D, h0, gc, splits, row0, tid, smem);
     return;
   }
   const int ntiles = (k1 - k0 + TK - 1) / TK;
@@ -266,7 +264,6 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
     if (out) write_out(out, xq, xds, kbp, b, hq, D, h0 + g, e, o / corr[g]);
     else part_o[((row0 + g) * splits + split) * D + e] = o;
   }
-  merge_if_last(counters, part_o, part_ml, sinks, mout, xq, xds, kbp, b, hq, D, h0, gc, splits, row0, tid, smem);
 }
 
 // Pass 2: out[b, h*D + e] = sum_s o_s[e] w_s / sum_s l_s w_s with w_s = exp2(m_s - max_s m_s).

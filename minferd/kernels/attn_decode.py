@@ -170,13 +170,10 @@ def _xq_args(cp, xq, B: int, K: int) -> tuple:
 
 
 def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size: int, window: int, scale: float,
-                splits: int, xq=None, sinks=None, counters=None) -> None:
+                splits: int, xq=None, sinks=None) -> None:
     """See the module doc. q (B, hq, d) f32; k_cache, v_cache (n_slots, hkv, d) f16; block_tables
     (B, max_blocks) int32; ctx_lens (B,) int32; out (B, hq * d) f32; all C-contiguous cupy arrays
-    on the current device. counters: uint32 words, at least counter_words(B, hq, hkv), all 0,
-    kept by the caller for every call on its stream (each call leaves them 0): the last split
-    CTA of each group merges (attn_decode_tail.cuh), no merge kernel. Raises ValueError naming
-    the first argument that does not fit."""
+    on the current device. Raises ValueError naming the first argument that does not fit."""
     import cupy as cp
     _check_array(cp, q, "q", np.float32, 3)
     B, hq, d = q.shape
@@ -226,38 +223,24 @@ def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size:
             _fail(f"sinks {tuple(sinks.shape)}, expected ({hq},)")
         sink, splits = np.uint64(sinks.data.ptr), max(2, splits)
 
-    if counters is not None:
-        _check_array(cp, counters, "counters", np.uint32, 1)
-        if counters.size < counter_words(B, hq, hkv):
-            _fail(f"counters: {counters.size} words, a batch of {B} over {hkv} kv heads needs {counter_words(B, hq, hkv)}")
     if splits == 1:  # nothing to merge: the partials kernel finishes out (and its int8 form) itself
         _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, 1, None, None, block_size, window, scale,
                       out=out, xargs=xargs)
         return
     part_o = cp.empty((B, hq, splits, d), cp.float32)
     part_ml = cp.empty((B, hq, splits, 2), cp.float32)
-    if counters is not None:  # the last split CTA of each group merges
-        _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, part_ml, block_size, window, scale,
-                      xargs=xargs, merge=(counters, sink, out))
-        return
     _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, part_ml, block_size, window, scale)
     _launch_merge(part_o, part_ml, out, xargs, sink)
-
-
-def counter_words(B: int, hq: int, hkv: int) -> int:
-    """The counter words a merging call needs: one per (sequence, kv head, head chunk)."""
-    return B * hkv * -(-(hq // hkv) // GMAX)
 
 
 _NONE = (np.uint64(0), np.uint64(0), np.int32(0))
 
 
 def _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, part_ml, block_size, window, scale,
-                  *, out=None, xargs=_NONE, merge=None):
+                  *, out=None, xargs=_NONE):
     """The partials kernel alone, on arguments attn_decode has checked (bench/attn_decode.py
     times it apart); with out (splits == 1) it writes the finished output instead, part_o and
-    part_ml unused; with merge (counters, sinks, out) the last split CTA of a group merges into
-    that out. Group chunks of up to GMAX query heads per CTA."""
+    part_ml unused. Group chunks of up to GMAX query heads per CTA."""
     B, hq, d = q.shape
     n_slots, hkv = k_cache.shape[0], k_cache.shape[1]
     null = np.uint64(0)
@@ -268,7 +251,7 @@ def _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, p
             null if part_ml is None else part_ml, np.int32(hq), np.int32(hkv),
             np.int32(group), np.int32(nch), np.int32(n_slots), np.int32(block_tables.shape[1]),
             np.int32(int(block_size).bit_length() - 1), np.int32(window), qscale, np.int32(splits),
-            null if out is None else out) + tuple(xargs) + (merge or (null, null, null))
+            null if out is None else out) + tuple(xargs)
     grid = (int(splits), hkv * nch, B)
     if KERNEL_BY_D[d] == "tc" and d in TC_HEAD_DIMS:
         _tc_fn(d)(grid, (THREADS,), args, shared_mem=smem_bytes_tc(d))

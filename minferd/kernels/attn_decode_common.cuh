@@ -179,5 +179,3 @@ __device__ __forceinline__ void check_smem(unsigned need) {
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
   if (dyn < need) __trap();  // launcher and kernel disagree on the layout
 }
-
-#include "attn_decode_tail.cuh"  // merge_if_last: needs write_out above

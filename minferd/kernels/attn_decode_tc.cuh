@@ -36,8 +36,7 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
                const int* __restrict__ block_tables, const int* __restrict__ ctx_lens,
                float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
-                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
-                  unsigned* __restrict__ counters, const float* __restrict__ sinks, float* __restrict__ mout) {
+                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
   pdl_enter();
   typedef CfgTC<D> C;
   constexpr int TK = C::TK, ROW = C::ROW, DT = C::DT;
@@ -54,7 +53,6 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
   const long long row0 = (long long)b * hq + h0;
   if (k0 >= k1) {
     empty_share(out, xq, xds, kbp, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
-    merge_if_last(counters, part_o, part_ml, sinks, mout, xq, xds, kbp, b, hq, D, h0, gc, splits, row0, tid, smem);
     return;
   }
   const int ntiles = (k1 - k0 + TK - 1) / TK;
@@ -222,5 +220,4 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
     }
     part_ml[(row0 + tid) * splits + split] = make_float2(M, L);
   }
-  merge_if_last(counters, part_o, part_ml, sinks, mout, xq, xds, kbp, b, hq, D, h0, gc, splits, row0, tid, smem);
 }

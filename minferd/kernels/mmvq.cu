@@ -38,7 +38,6 @@
 #include "pdl.cuh"
 #include "mmvq_units_k.cuh"
 #include "xquant.cuh"
-#include "glu.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -82,11 +81,11 @@ template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
                                           const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
-                                          int ncols, const float* __restrict__ res, int wofs = 0) {
+                                          int ncols, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) - wofs, kw = warp % KW;  // wofs: warps of another share
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
   const int row0 = (bx * (NW / KW) + warp / KW) * R;
   if (KW == 1 && row0 >= nrows) return;  // with KW > 1 every warp must reach __syncthreads
   const int nunits = nb * U;
@@ -196,35 +195,6 @@ mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, 
   mmvq_rows<TYPE, 1, NW, KW, R, UNR>(w + (i64)e * expert_bytes, nrows, o + (i64)p * nrows,
                                      b ? b + (i64)e * nrows : nullptr, blockIdx.x, row_bytes, nb,
                                      xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1, nullptr);
-}
-
-// An MoE decode's gate and up products and their gated activation in one node (the activation's
-// launch gone): the CTA's first NW/2 warps take one 32-row block of gate, the others the same rows
-// of up (each as mmvq_ids' paired launch computes them, biases included), then warp 0 makes
-// y = act(g) * u of the 32 (glu.cuh) and writes it in the mat-vec format for down (hq, hds, hkbp):
-// act_gate_q's bits. nrows % 32 == 0, one CTA a block.
-template <int TYPE, int NW, int R, int UNR>
-__global__ void __launch_bounds__(NW * 32)
-mmvq_ids_glu(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, int nrows,
-             const int* __restrict__ ids, int xdiv, float* g, float* u, const float* __restrict__ B,
-             const float* __restrict__ B2, i64 row_bytes, int nb, const i8* __restrict__ xq,
-             const float2* __restrict__ xds, int K, int kbp, int act, float alpha, float limit, float* __restrict__ y,
-             i8* __restrict__ hq, float2* __restrict__ hds, int hkbp) {
-  static_assert(NW / 2 * R == 32, "each half of the CTA takes one 32-row block");
-  pdl_enter();
-  const int p = blockIdx.y, c = p / xdiv, e = __ldg(ids + p);
-  const bool up = (int)(threadIdx.x >> 5) >= NW / 2;
-  const float* __restrict__ b = up ? B2 : B;
-  mmvq_rows<TYPE, 1, NW / 2, 1, R, UNR>((up ? W2 : W) + (i64)e * expert_bytes, nrows, (up ? u : g) + (i64)p * nrows,
-                                        b ? b + (i64)e * nrows : nullptr, blockIdx.x, row_bytes, nb,
-                                        xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1, nullptr, up ? NW / 2 : 0);
-  __syncthreads();  // the block's g and u rows are written, and visible to the block
-  if (threadIdx.x >= 32) return;
-  const int kb = blockIdx.x;
-  const i64 o = (i64)p * nrows + kb * 32 + threadIdx.x;
-  const float v = glu_act(g[o], u[o], act, alpha, limit);
-  y[o] = v;
-  quantize_block32(v, threadIdx.x, hq + (i64)p * 2 * nrows + kb * 32, nrows, hds + (i64)p * hkbp + kb);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -132,19 +132,6 @@ def _ids_name(qt: QuantType, cfg: Config) -> str:
     return f"mmvq_ids<{qt.ggml_id}, {nw}, {kw}, {r}, {unr}>"
 
 
-def glu_config(cfg: Config) -> Config:
-    """mmvq_ids_glu's shape from mmvq_ids' (warps, K-split warps, rows, units): twice the warps, a
-    half for gate and one for up, each half one 32-row block; (16, 1, 4, 1) where cfg's warps do
-    not make such a half (K split, or other than 32 rows a CTA)."""
-    nw, kw, r, unr = cfg
-    return (2 * nw, 1, r, unr) if kw == 1 and nw * r == 32 else (16, 1, 4, 1)
-
-
-def _glu_name(qt: QuantType, cfg: Config) -> str:
-    nw, _, r, unr = glu_config(cfg)
-    return f"mmvq_ids_glu<{qt.ggml_id}, {nw}, {r}, {unr}>"
-
-
 def _float_ids_name(qt: QuantType, vec: int) -> str:
     return f"mmv_float_ids<{qt.ggml_id}, {vec}>"
 
@@ -154,7 +141,6 @@ def names() -> tuple[str, ...]:
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
         names += [_ids_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
-        names += [_glu_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
         names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]

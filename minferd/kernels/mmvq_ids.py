@@ -14,8 +14,8 @@ from minferd.config import valve
 
 from .dequant import check_rows
 from .mmvq import (FLOAT_TYPES, IDS_CLASSES, IDS_CONFIGS, QUANT_TYPES, Config, _check_f32, _check_scratch,
-                   _check_x, _float_ids_name, _fn, _fn_any, _glu_name, _ids_class, _ids_name, _ptr, _qt, _stream,
-                   glu_config, xq_layout)
+                   _check_x, _float_ids_name, _fn, _fn_any, _ids_class, _ids_name, _ptr, _qt, _stream,
+                   xq_layout)
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,8 +43,17 @@ def ids_config(qt, rows: int) -> Config:
     return _overrides().get((qt.name, c)) or IDS_CONFIGS[qt.name][c]
 
 
-def _checked(qt, w, n_expert: int, x, ids, xdiv: int, out, w2, out2, bias, bias2) -> tuple:
-    """mmvq_ids' arguments checked: (qt, n, K, rows, row bytes, picks)."""
+def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stream=None, w2=None, out2=None,
+             bias=None, bias2=None, config: Config | None = None) -> None:
+    """An MoE's decode products: out[p] (rows,) = x[p // xdiv] @ dequant(expert ids[p] of w).T for
+    every pick p, the expert read on the device (graph-safe routing). w: the stacked experts as
+    (n_expert * rows, row_bytes) uint8, expert e its rows e*rows ..; x (n, K) f32; ids (P,)
+    int32 (values < n_expert: moe.topk's); out (P, rows) f32. Quantized types read x in the
+    mat-vec format from `scratch` (quantize_x's, or the activation kernel's for its output);
+    float types read x itself. w2 (of w's type and shape) into out2 (of out's) in the same
+    launch: gate and up. bias (bias2): the experts' f32 biases (n_expert, rows), or None: each pick
+    adds its expert's row, as one f32 add after the product (gpt-oss). config: a kernel shape
+    other than ids_config's (bench/moe_ids.py's sweep)."""
     if (w2 is None) != (out2 is None) or (w2 is not None and (w2.shape != w.shape or w2.dtype != w.dtype)):
         raise ValueError(f"mmvq_ids: w2 and out2 come together, w2 of w's shape {tuple(w.shape)}")
     qt = _qt(qt)
@@ -64,21 +73,6 @@ def _checked(qt, w, n_expert: int, x, ids, xdiv: int, out, w2, out2, bias, bias2
         check_rows(qt, w2, K)
     elif bias2 is not None:
         raise ValueError("mmvq_ids: bias2 is w2's")
-    return qt, n, K, rows, rb, P
-
-
-def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stream=None, w2=None, out2=None,
-             bias=None, bias2=None, config: Config | None = None) -> None:
-    """An MoE's decode products: out[p] (rows,) = x[p // xdiv] @ dequant(expert ids[p] of w).T for
-    every pick p, the expert read on the device (graph-safe routing). w: the stacked experts as
-    (n_expert * rows, row_bytes) uint8, expert e its rows e*rows ..; x (n, K) f32; ids (P,)
-    int32 (values < n_expert: moe.topk's); out (P, rows) f32. Quantized types read x in the
-    mat-vec format from `scratch` (quantize_x's, or the activation kernel's for its output);
-    float types read x itself. w2 (of w's type and shape) into out2 (of out's) in the same
-    launch: gate and up. bias (bias2): the experts' f32 biases (n_expert, rows), or None: each pick
-    adds its expert's row, as one f32 add after the product (gpt-oss). config: a kernel shape
-    other than ids_config's (bench/moe_ids.py's sweep)."""
-    qt, n, K, rows, rb, P = _checked(qt, w, n_expert, x, ids, xdiv, out, w2, out2, bias, bias2)
     pair, w2p, out2p = 1 + (w2 is not None), _ptr(w2), _ptr(out2)
     bp, b2p = _ptr(bias), _ptr(bias2)
     if P == 0 or rows == 0:
@@ -104,36 +98,3 @@ def mmvq_ids(qt, w, n_expert: int, x, ids, xdiv: int, out, *, scratch=None, stre
                                     (w, w2p, eb, np.int32(rows), ids, np.int32(xdiv), out, out2p, bp, b2p, np.int64(rb),
                                      np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K),
                                      np.int32(kbp)))
-
-
-ACTS = {"silu": 0, "gelu": 1, "oai": 2}  # glu.cuh's act codes
-
-
-def mmvq_ids_glu(qt, w, w2, n_expert: int, x, ids, xdiv: int, g, u, y, act: str, *, scratch, y_scratch,
-                 alpha: float = 0.0, limit: float = 0.0, bias=None, bias2=None, stream=None,
-                 config: Config | None = None) -> None:
-    """mmvq_ids of gate (w) and up (w2) into g and u, and act_gate_q's y = act(g) * u (act: silu,
-    gelu, or oai: gpt-oss's with alpha and limit) with its mat-vec format in y_scratch, in ONE
-    launch (mmvq.cu's mmvq_ids_glu): the same bits as the two. Quantized types; an expert's rows a
-    multiple of 32. config: the mmvq_ids shape it derives its own from (glu_config)."""
-    qt, n, K, rows, rb, P = _checked(qt, w, n_expert, x, ids, xdiv, g, w2, u, bias, bias2)
-    if qt.name not in QUANT_TYPES or rows % 32 or act not in ACTS:
-        raise ValueError(f"mmvq_ids_glu: {qt.name} experts of {rows} rows, act {act!r}: quantized types, rows % 32 "
-                         f"== 0, act one of {', '.join(ACTS)}")
-    _check_f32(y, (P, rows), "y")
-    _check_scratch(scratch, n, K)
-    _check_scratch(y_scratch, P, rows)
-    if P == 0:
-        return
-    off, kbp, _ = xq_layout(n, K)
-    yoff, ykbp, _ = xq_layout(P, rows)
-    cfg = config or ids_config(qt, rows)
-    nw, _, _, _ = glu_config(cfg)
-    p, yp = scratch.data.ptr, y_scratch.data.ptr
-    with _stream(stream):
-        _fn_any(_glu_name(qt, cfg))((rows // 32, P), (nw * 32,),
-                                    (w, w2, np.int64(rows * rb), np.int32(rows), ids, np.int32(xdiv), g, u, _ptr(bias),
-                                     _ptr(bias2), np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p),
-                                     np.uint64(p + off), np.int32(K), np.int32(kbp), np.int32(ACTS[act]),
-                                     np.float32(alpha), np.float32(limit), y, np.uint64(yp), np.uint64(yp + yoff),
-                                     np.int32(ykbp)))

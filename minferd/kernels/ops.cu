@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 #include "xquant.cuh"
 #include "picks_sum.cuh"
-#include "glu.cuh"
 
 #define WARP 32
 #ifndef INFINITY
@@ -133,8 +132,9 @@ extern "C" __global__ void combine_rmsnorm_q(const float* __restrict__ y, const 
                   xds + (long long)t * kbp, sum + (long long)t * dim);
 }
 
-// The gated MLP's activation, y = act(g) * u (glu.cuh), also written in the mat-vec format for
-// ffn_down. One warp per 32-element block of the (n, K) inputs.
+// The gated MLP's activation, y = act(g) * u (act 0: SiLU, 1: GELU-tanh, 2: gpt-oss's clamped
+// SwiGLU with alpha and limit, the arithmetic of cuda.py's _swiglu_oai), also written in the
+// mat-vec format for ffn_down. One warp per 32-element block of the (n, K) inputs.
 extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* __restrict__ u,
                                       float* __restrict__ y, int K, int n, int act, signed char* __restrict__ xq,
                                       float2* __restrict__ xds, int kbp, float alpha, float limit) {
@@ -144,7 +144,13 @@ extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* 
     if (gw >= (long long)n * nkb) return;
     int c = gw / nkb, kb = gw % nkb;
     long long i = (long long)c * K + kb * 32 + lane;
-    const float v = glu_act(g[i], u[i], act, alpha, limit);
+    float a = g[i], v;
+    if (act == 0) v = a / (1.0f + expf(-a)) * u[i];
+    else if (act == 1) v = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))) * u[i];
+    else {
+        float gc = fminf(a, limit), uc = fminf(fmaxf(u[i], -limit), limit);
+        v = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+    }
     y[i] = v;
     quantize_block32(v, lane, xq + (long long)c * 2 * K + kb * 32, K, xds + (long long)c * kbp + kb);
 }
@@ -209,7 +215,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
 }
 
 // qwen3's q and k head norms (rmsnorm_pair's, with wq / wk) and then rope_kv, in one launch: one
-// warp a (token, head). The sum of squares is added in the order block_sum adds it for a
+// warp a (token, head), for prefills (cuda_ops.NORM_ROPE_MIN_ROWS: a decode step lost with it, s16). The sum of squares is added in the order block_sum adds it for a
 // 256-thread CTA (a lane's elements 256 apart, each warp's 32, then the warps' sums as a warp
 // sum), so the normed values, and all that follows, are rmsnorm_pair's then rope_kv's bits.
 // q is read and written in place (no __restrict__ on it).
