@@ -211,8 +211,8 @@ class Backend(ABC):
     def rope_kv(self, q, k, v, cache: KVCache, layer: int, batch, base: float, scale: float, neox: bool,
                 freq_factors=None, qk_norm: tuple | None = None):
         """Rope q and k, write k and v to the batch's slots; returns the rotated q. qk_norm (wq, wk,
-        eps): q's and k's heads rms-normed first (qwen3). (The CUDA backend does all of it in one
-        kernel.)"""
+        eps): q's and k's heads rms-normed first (qwen3). (The CUDA backend does it in one kernel,
+        the norms inside it for prefills.)"""
         if qk_norm is not None:
             q, k = self.rmsnorm_pair(q, qk_norm[0], k, qk_norm[1], qk_norm[2])
         q = self.rope(q, batch.positions, base, scale, neox, freq_factors)

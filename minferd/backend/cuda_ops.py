@@ -115,8 +115,8 @@ class CudaOps:
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, hq, d = q.shape
         hkv = k.shape[1]
+        ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
         if fuse:  # the head norms, rope and the KV write in one launch: one warp a head
-            ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
             wq, wk, eps = qk_norm
             _op("norm_rope_kv")(((n * (hq + hkv) + 7) // 8,), (256,),
                                 (q, k, v, cache.k[layer], cache.v[layer], batch.dev["positions"], np.int32(n),
@@ -124,7 +124,6 @@ class CudaOps:
                                  np.int32(neox), ff, batch.dev["slots"], wq.data, wk.data, np.float32(eps)))
             return q
         total = n * (hq + hkv) * (d // 2)
-        ff = 0 if freq_factors is None else cp.asarray(freq_factors, cp.float32)
         _op("rope_kv")(((total + 255) // 256,), (256,),
                                        (q, k, v, cache.k[layer], cache.v[layer], batch.dev["positions"], np.int32(n),
                                         np.int32(hq), np.int32(hkv), np.int32(d), np.float32(base), np.float32(scale),
