@@ -197,6 +197,8 @@ class ModelEngine:
             self._unsent.append(seq)
             if seq.status is Status.FINISHED:
                 self._end(seq)
+            if self._overlap and seq.t_first == seq.t_last:
+                seq.flush()  # a first token goes out at once: its time to first token is not held a step
 
     def _end_stopped(self) -> None:
         stopped = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]
