@@ -56,7 +56,7 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
         for n in lengths:
             samples, engine = [], []
             for rep in range(args.reps + 1):  # the first warms this length's shapes up (compiles, graphs)
-                ms, engine_ms = first_token_ms(stub, rand(n), args.timeout)
+                ms, engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens)
                 if rep:
                     samples.append(ms)
                     engine.append(engine_ms)
@@ -87,12 +87,14 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
         tmp.cleanup()
 
 
-def first_token_ms(stub, ids: list[int], timeout: float) -> float:
-    """A streaming Generate of max_tokens 1: from the call to its first event, which carries the
-    sampled token, or says the request ended because that token ends a generation (random ids
-    make a model say "end" now and then: the prefill and the sampling were done all the same)."""
+def first_token_ms(stub, ids: list[int], timeout: float, max_tokens: int = 1) -> float:
+    """A streaming Generate of max_tokens (1: nothing runs after the first token; more: a chat's
+    stream, whose next steps start while the first token travels): from the call to its first
+    event, which carries the sampled token, or says the request ended because that token ends a
+    generation (random ids make a model say "end" now and then: the prefill and the sampling were
+    done all the same)."""
     req = pb2.GenerateRequest(model=serve.MODEL_NAME, ids=pb2.TokenIds(ids=ids),
-                              sampling=pb2.SamplingParams(temperature=0.0, max_tokens=1))
+                              sampling=pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens))
     t0, first, engine_ms = time.perf_counter(), None, float("nan")
     for ev in stub.Generate(req, timeout=timeout):
         first = first or time.perf_counter()
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-bench", default=None, help="path of llama-bench: llama.cpp's columns from it")
     ap.add_argument("--no-llama", action="store_true", help="minferd's side only")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--ttft-max-tokens", type=int, default=1, help="max_tokens of the TTFT requests")
     ap.add_argument("--json", default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
