@@ -14,7 +14,10 @@ from minferd.config import valve
 # on the H200 (bench/NOTES.md) and took them out. Session 16 measured fused_router, merge_in_split,
 # norm_rope and glu_ids (their tests passed): each lost decode speed, so three went and norm_rope
 # stays for prefills only (cuda_ops.NORM_ROPE_MIN_ROWS), where it won (NOTES).
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "router_split": "float mat-vecs of <= 256 rows (MoE routers) with 4 warps a row splitting K (mmvq.cu "
+                    "mmv_float's KW): test_mmvq.py test_float_split_k_is_the_reference",
+}
 
 
 def _run_anyway() -> set[str]:

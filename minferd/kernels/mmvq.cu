@@ -199,7 +199,7 @@ mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, 
 
 // ---------------------------------------------------------------------------------------
 // Float weights: x stays f32 (no reason to round it when W is not quantized). One warp per
-// row, lanes over chunks of VEC elements (VEC 8: 16-byte loads of f16/bf16, 2 x 16 of f32,
+// row (or KW warps: mmv_float_rows), lanes over chunks of VEC elements (VEC 8: 16-byte loads of f16/bf16, 2 x 16 of f32,
 // when rows are 16-aligned and K % 8 == 0; else VEC 1, scalar).
 template <int TYPE>
 __device__ __forceinline__ void load8(const u8* p, float* v) {
@@ -221,23 +221,26 @@ __device__ __forceinline__ void load8(const u8* p, float* v) {
   }
 }
 
-template <int TYPE, int NC, int VEC>
+// A CTA is 4 warps: one row each (KW 1), or KW warps splitting a row's K between them and adding up
+// through shared memory (a router's 32-128 rows: on 8-32 CTAs a warp walked all of K alone).
+template <int TYPE, int NC, int VEC, int KW = 1>
 __device__ __forceinline__ void mmv_float_rows(const u8* __restrict__ W, i64 row_bytes, int nrows, int K,
                                                const float* __restrict__ x, int ncols, float* __restrict__ out,
                                                const float* __restrict__ bias, const float* __restrict__ res) {
-  constexpr int UNR = 2, ES = Blk<TYPE>::BB;
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (row >= nrows) return;
-  const u8* rp = W + (i64)row * row_bytes;
+  static_assert(4 % KW == 0, "K-split warps divide the CTA's 4");
+  constexpr int UNR = 2, ES = Blk<TYPE>::BB, STEP = 32 * KW * VEC;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
+  const int row = blockIdx.x * (4 / KW) + warp / KW;
+  if (KW == 1 && row >= nrows) return;  // with KW > 1 every warp must reach __syncthreads
+  const u8* rp = W + (i64)min(row, nrows - 1) * row_bytes;
   float acc[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-  for (int e00 = lane * VEC; e00 < K; e00 += 32 * VEC * UNR) {
+  for (int e00 = (kw * 32 + lane) * VEC; e00 < K; e00 += STEP * UNR) {
     float v[UNR][VEC];
 #pragma unroll
     for (int k = 0; k < UNR; ++k) {
-      const int e0 = e00 + 32 * VEC * k;
+      const int e0 = e00 + STEP * k;
       if (e0 < K) {
         if constexpr (VEC == 8) load8<TYPE>(rp + (i64)e0 * ES, v[k]);
         else Blk<TYPE>::dec(rp, e0, 1, v[k]);
@@ -245,7 +248,7 @@ __device__ __forceinline__ void mmv_float_rows(const u8* __restrict__ W, i64 row
     }
 #pragma unroll
     for (int k = 0; k < UNR; ++k) {
-      const int e0 = e00 + 32 * VEC * k;
+      const int e0 = e00 + STEP * k;
       if (e0 < K) {
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
@@ -263,19 +266,35 @@ __device__ __forceinline__ void mmv_float_rows(const u8* __restrict__ W, i64 row
       }
     }
   }
+  if constexpr (KW == 1) {
 #pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const float s = warp_sum(acc[c]);
-    if (lane == 0 && c < ncols) store_out(out, bias, res, nrows, c, row, s);
+    for (int c = 0; c < NC; ++c) {
+      const float s = warp_sum(acc[c]);
+      if (lane == 0 && c < ncols) store_out(out, bias, res, nrows, c, row, s);
+    }
+  } else {
+    __shared__ float red[4][NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const float s = warp_sum(acc[c]);
+      if (lane == 0) red[warp][c] = s;
+    }
+    __syncthreads();
+    if (kw == 0 && lane < NC && lane < ncols && row < nrows) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KW; ++j) s += red[warp + j][lane];
+      store_out(out, bias, res, nrows, lane, row, s);
+    }
   }
 }
 
-template <int TYPE, int NC, int VEC>
+template <int TYPE, int NC, int VEC, int KW = 1>
 __global__ void __launch_bounds__(128)
 mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
           int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
   pdl_enter();
-  mmv_float_rows<TYPE, NC, VEC>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
+  mmv_float_rows<TYPE, NC, VEC, KW>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
 }
 
 // mmvq_ids for float experts: x's row p / xdiv in f32 (blockIdx.z: W2 into out2, as there).

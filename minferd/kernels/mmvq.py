@@ -118,8 +118,14 @@ def kernel_name(qt: QuantType, nc: int, cfg: Config) -> str:
     return f"mmvq<{qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
 
 
-def _float_name(qt: QuantType, nc: int, vec: int) -> str:
-    return f"mmv_float<{qt.ggml_id}, {nc}, {vec}>"
+def _float_name(qt: QuantType, nc: int, vec: int, kw: int = 1) -> str:
+    return f"mmv_float<{qt.ggml_id}, {nc}, {vec}>" if kw == 1 else f"mmv_float<{qt.ggml_id}, {nc}, {vec}, {kw}>"
+
+
+# K-split warps for float weights of few rows (mmv_float's KW; an MoE router: 128 rows of 2048 on 32
+# CTAs, gpt-oss's 32 of 2880 on 8, each warp walking all of K alone).
+FLOAT_SPLIT_KW = 4
+FLOAT_SPLIT_ROWS = 256
 
 
 def _ids_class(rows: int) -> str:
@@ -143,6 +149,7 @@ def names() -> tuple[str, ...]:
         names += [_ids_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
     for name in FLOAT_TYPES:
         names += [_float_name(TYPES[name], nc, v) for nc in NC_BUCKETS for v in (1, 8)]
+        names += [_float_name(TYPES[name], nc, 8, FLOAT_SPLIT_KW) for nc in NC_BUCKETS]
         names += [_float_ids_name(TYPES[name], v) for v in (1, 8)]
     return tuple(dict.fromkeys(names))
 
@@ -242,13 +249,15 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None) -> None:
+         bias=None, residual=None, split_k: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
     qt: QuantType or name; w: cupy uint8 (rows, row_bytes) (C-contiguous or a row slice);
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
-    config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs)."""
+    config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
+    split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
+    FLOAT_SPLIT_KW warps a row."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
@@ -264,8 +273,10 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     if rows == 0:
         return
     vec = 8 if K % 8 == 0 and rb % 16 == 0 and w.data.ptr % 16 == 0 and x.data.ptr % 16 == 0 else 1
+    kw = FLOAT_SPLIT_KW if split_k and vec == 8 and rows <= FLOAT_SPLIT_ROWS else 1
+    per_cta = 4 // kw
     with _stream(stream):
-        _fn(_float_name(qt, bucket(n), vec))(((rows + 3) // 4,), (128,),
+        _fn(_float_name(qt, bucket(n), vec, kw))(((rows + per_cta - 1) // per_cta,), (128,),
                                              (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out,
                                               _ptr(bias), _ptr(residual)))
 

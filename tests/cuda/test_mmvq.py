@@ -57,6 +57,25 @@ def test_mmvq_long_rows(name, to_device):
         assert err < TOL, f"{name} n={n} K={K}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("name", sorted(mv.FLOAT_TYPES))
+@pytest.mark.parametrize("rows,K", [(128, 2048), (32, 2880), (7, 64), (256, 1000), (257, 512), (9, 60)])
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_float_split_k_is_the_reference(name, rows, K, n, to_device):
+    """mmv_float with K split over FLOAT_SPLIT_KW warps a row (split_k: an MoE router's few rows;
+    257 rows and K = 60, not 8-aligned, take one warp a row instead) against the f64 reference, bias and
+    residual in its epilogue, every row written: what lets backend/pending.py's router_split on."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(rows + K + n)
+    raw = random_blocks(qt, rows, K, rng)
+    w = to_device(raw)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    res = rng.standard_normal((n, rows)).astype(np.float32)
+    got = run(qt, w, x, split_k=True, bias=cp.asarray(bias), residual=cp.asarray(res))
+    want = reference(qt, raw, x) + bias + res
+    assert rel_err(got, want) < 1e-4, f"{name} {rows}x{K} n={n}"
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
 def test_mmvq_every_config(name, to_device):
     """Every kernel variant the sweep may pick as a default, at a shape that leaves partial
