@@ -17,6 +17,8 @@ from minferd.config import valve
 PATHS: dict[str, str] = {
     "router_split": "float mat-vecs of <= 256 rows (MoE routers) with 4 warps a row splitting K (mmvq.cu "
                     "mmv_float's KW): test_mmvq.py test_float_split_k_is_the_reference",
+    "warp_topk": "an MoE's top-k in one warp a token, no barriers (moe.cu moe_topk_warp, E <= 256): "
+                 "test_moe_device.py test_topk_is_route, test_topk_picks_distinct_experts_past_the_finite_logits",
 }
 
 

@@ -14,6 +14,16 @@ moe_topk(const float* __restrict__ logits, int E, int k, int norm, int* __restri
   topk_token(logits + (long long)t * E, E, k, norm, ids + t * k, wts + t * k);
 }
 
+// topk.cuh's topk_token_warp: one warp a token, 4 tokens a CTA (E <= 32 * TOPK_WARP_PER).
+extern "C" __global__ void __launch_bounds__(128)
+moe_topk_warp(const float* __restrict__ logits, int n, int E, int k, int norm, int* __restrict__ ids,
+              float* __restrict__ wts) {
+  pdl_enter();
+  const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (t >= n) return;  // whole warps leave together
+  topk_token_warp(logits + (long long)t * E, E, k, norm, ids + t * k, wts + t * k);
+}
+
 // out (n, H) = res (n, H, or none) + sum_j wts[t*k + j] * y[t*k + j, :], the picks in order.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, int n, int k, int H,
                                        const float* __restrict__ res, float* __restrict__ out) {

@@ -24,8 +24,13 @@ def _check_f32(a, what: str, ndim: int = 2):
         raise ValueError(f"moe: {what} must be C-contiguous float32 of {ndim} dims, got {a.dtype} {tuple(a.shape)}")
 
 
-def topk(logits, k: int, norm: bool = True):
-    """logits (n, E) f32 -> (ids (n * k,) int32, weights (n * k,) f32), token t's at t*k .. t*k+k-1."""
+WARP_EXPERTS = 256  # moe_topk_warp's most experts (topk.cuh's 32 * TOPK_WARP_PER)
+
+
+def topk(logits, k: int, norm: bool = True, warp: bool = False):
+    """logits (n, E) f32 -> (ids (n * k,) int32, weights (n * k,) f32), token t's at t*k .. t*k+k-1.
+    warp: one warp a token where E <= WARP_EXPERTS (moe_topk_warp: no barriers; the same picks,
+    the weights a few ulp apart)."""
     import cupy as cp
     _check_f32(logits, "logits")
     n, E = logits.shape
@@ -33,7 +38,10 @@ def topk(logits, k: int, norm: bool = True):
         raise ValueError(f"moe: top {k} of {E} experts (at most {MAX_EXPERTS} experts and {MAX_K} picks, k <= E)")
     ids = cp.empty(n * k, cp.int32)
     wts = cp.empty(n * k, cp.float32)
-    if n:
+    if n and warp and E <= WARP_EXPERTS:
+        kernel("moe", "moe_topk_warp")(((n + 3) // 4,), (128,),
+                                       (logits, np.int32(n), np.int32(E), np.int32(k), np.int32(bool(norm)), ids, wts))
+    elif n:
         kernel("moe", "moe_topk")((n,), (128,), (logits, np.int32(E), np.int32(k), np.int32(bool(norm)), ids, wts))
     return ids, wts
 

@@ -74,3 +74,50 @@ __device__ __forceinline__ void topk_token(const float* row, int E, int k, int n
     }
   }
 }
+
+// topk_token in one warp and no barrier (E <= 32 * TOPK_WARP_PER): lane L holds logits L, L + 32,
+// ...; each round a lane offers its best untaken one and a shuffle argmax (ties to the lower
+// index) takes the round's; lane j keeps pick j. The picks are topk_token's; the weights' sums
+// run in another order (a few ulp apart). The block version's 8 rounds were 3 barriers each.
+constexpr int TOPK_WARP_PER = 8;
+__device__ __forceinline__ void topk_token_warp(const float* row, int E, int k, int norm, int* __restrict__ ids,
+                                                float* __restrict__ wts) {
+  const int lane = threadIdx.x & 31;
+  const float taken = __int_as_float(0x7fffffff);  // NaN: no comparison picks it
+  float l[TOPK_WARP_PER];
+#pragma unroll
+  for (int q = 0; q < TOPK_WARP_PER; ++q) l[q] = q * 32 + lane < E ? __ldcg(row + q * 32 + lane) : taken;
+  float mine_v = 0.0f, mx = 0.0f;
+  int mine_i = 0;
+  for (int j = 0; j < k; ++j) {
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+#pragma unroll
+    for (int q = 0; q < TOPK_WARP_PER; ++q)
+      if (l[q] > v || (l[q] == v && q * 32 + lane < i)) { v = l[q]; i = q * 32 + lane; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+    }
+    if (i >= E) i = j;  // a row of NaN chose nothing: any valid id (topk_token's rule)
+#pragma unroll
+    for (int q = 0; q < TOPK_WARP_PER; ++q)
+      if (q * 32 + lane == i) l[q] = taken;
+    if (lane == j) { mine_v = v; mine_i = i; }
+    if (j == 0) mx = v;
+  }
+  const float ej = lane < k ? expf(mine_v - mx) : 0.0f;
+  float s = ej;
+  if (!norm) {  // every expert's share: from the row (l was consumed)
+    s = 0.0f;
+    for (int e = lane; e < E; e += 32) s += expf(__ldcg(row + e) - mx);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane < k) {
+    ids[lane] = mine_i;
+    wts[lane] = ej / s;
+  }
+}

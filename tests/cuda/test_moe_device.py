@@ -24,13 +24,18 @@ from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 from tests.cuda.test_moe_cuda import decode_step_on_both  # noqa: E402
 
 
+@pytest.mark.parametrize("warp", [False, True], ids=["block", "warp"])
 @pytest.mark.parametrize("norm", [True, False])
-@pytest.mark.parametrize("n,E,k", [(1, 128, 8), (5, 60, 4), (8, 8, 2), (3, 1000, 32)])
-def test_topk_is_route(n, E, k, norm):
+@pytest.mark.parametrize("n,E,k", [(1, 128, 8), (5, 60, 4), (8, 8, 2), (3, 1000, 32), (9, 256, 32), (2, 32, 4)])
+def test_topk_is_route(n, E, k, norm, warp):
+    """moe_topk (a CTA a token) and moe_topk_warp (a warp a token, E <= 256; warp=True past that
+    takes the CTA kernel): route's experts in descending logits and its weights."""
     rng = np.random.default_rng(E + k)
     logits = rng.standard_normal((n, E)).astype(np.float32) * 3
-    ids, wts = moe_kernels.topk(cp.asarray(logits), k, norm)
+    logits[0, 1] = logits[0, E - 1] = logits[0].max() + 1  # a tie at the top: the lower id first
+    ids, wts = moe_kernels.topk(cp.asarray(logits), k, norm, warp=warp)
     ids, wts = cp.asnumpy(ids).reshape(n, k), cp.asnumpy(wts).reshape(n, k)
+    assert list(ids[0][:2]) == [1, E - 1]
     top, p = route(logits, k, norm)
     for t in range(n):
         assert sorted(ids[t]) == sorted(top[t])
@@ -38,12 +43,13 @@ def test_topk_is_route(n, E, k, norm):
         np.testing.assert_allclose(wts[t][np.argsort(ids[t])], p[t][np.argsort(top[t])], rtol=2e-6, atol=1e-7)
 
 
-def test_topk_picks_distinct_experts_past_the_finite_logits():
+@pytest.mark.parametrize("warp", [False, True], ids=["block", "warp"])
+def test_topk_picks_distinct_experts_past_the_finite_logits(warp):
     """A row with fewer finite logits than k: the rest come from the -inf ones, each once (a taken
     expert marked -inf tied with them and was taken again)."""
     logits = np.full((2, 16), -np.inf, np.float32)
     logits[0, [3, 9]] = (1.0, 2.0)
-    ids, wts = moe_kernels.topk(cp.asarray(logits), 4, True)
+    ids, wts = moe_kernels.topk(cp.asarray(logits), 4, True, warp=warp)
     ids, wts = cp.asnumpy(ids).reshape(2, 4), cp.asnumpy(wts).reshape(2, 4)
     assert list(ids[0][:2]) == [9, 3] and len(set(ids[0])) == 4 and len(set(ids[1])) == 4
     np.testing.assert_allclose(wts[0], [1 / (1 + np.exp(-1)), np.exp(-1) / (1 + np.exp(-1)), 0, 0], rtol=1e-6)
