@@ -165,19 +165,25 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk, warp=pending.ready("warp_topk"))
     rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
     xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (rows, hidden) f16, each expert's tokens in its tiles
-    # The skipped tiles' rows gather expert 0's bias: rows nothing reads.
+    # Expert biases: F32 ones in the GEMM's epilogue (pending: grouped_bias), else gathered by the
+    # tile's expert and added (the skipped tiles' rows gather expert 0's: rows nothing reads).
+    in_gemm = [None] * 3 if exps_bias is None or not pending.ready("grouped_bias") else [_bias_rows(b) for b in exps_bias]
     row_expert = None if exps_bias is None else cp.repeat(cp.maximum(tiles_d, 0), BM)
-    g = _biased(be, _grouped(gate_exps, n_expert, xg, tiles_d), exps_bias, 0, row_expert)
-    u = _biased(be, _grouped(up_exps, n_expert, xg, tiles_d), exps_bias, 1, row_expert)
+
+    def project(i: int, w: Weight, x16):
+        out = _grouped(w, n_expert, x16, tiles_d, in_gemm[i])
+        return out if in_gemm[i] is not None else _biased(be, out, exps_bias, i, row_expert)
+
+    g, u = project(0, gate_exps, xg), project(1, up_exps, xg)
     # SwiGLU leaves its f16 rounding for the down projection (be._as_f16 finds it); swiglu_oai
     # does not, and _as_f16 makes it.
     h = be.swiglu(g, u) if oai_glu is None else be.swiglu_oai(g, u, *oai_glu)
-    y = _biased(be, _grouped(down_exps, n_expert, be._as_f16(h), tiles_d), exps_bias, 2, row_expert)
+    y = project(2, down_exps, be._as_f16(h))
     res = None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
     return moe_kernels.combine(cp.take(y, picks_d, axis=0), wts, k, res)
 
 
-def _grouped(w: Weight, n_expert: int, x16, tiles):
+def _grouped(w: Weight, n_expert: int, x16, tiles, bias=None):
     out = cp.empty((x16.shape[0], w.shape[1]), cp.float32)
-    fused_b_grouped(w.qtype, w.data, n_expert, x16, tiles, out)
+    fused_b_grouped(w.qtype, w.data, n_expert, x16, tiles, out, bias=bias)
     return out

@@ -17,6 +17,9 @@ from minferd.config import valve
 PATHS: dict[str, str] = {
     "router_split": "float mat-vecs of <= 256 rows (MoE routers) with 4 warps a row splitting K (mmvq.cu "
                     "mmv_float's KW): test_mmvq.py test_float_split_k_is_the_reference",
+    "grouped_bias": "gpt-oss's expert biases in the grouped prefill GEMM's epilogue, not gathered and added "
+                    "(gemm_f16.cu's bias): test_moe_device.py test_fused_b_grouped_adds_each_tiles_expert_bias, "
+                    "test_a_grouped_gpt_oss_prefill_with_biases_in_the_gemm_is_the_same",
     "warp_topk": "an MoE's top-k in one warp a token, no barriers (moe.cu moe_topk_warp, E <= 256): "
                  "test_moe_device.py test_topk_is_route, test_topk_picks_distinct_experts_past_the_finite_logits",
 }

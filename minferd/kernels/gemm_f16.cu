@@ -107,11 +107,13 @@ struct TileLoader {
 // few W tiles (L2 reuse of the larger operand) and all of x. Dynamic smem: see gemm_f16.py.
 // Grouped (an MoE's prefill): w0 stacks experts expert_bytes apart, x's rows are sorted by
 // expert and padded to whole BM tiles, and tile_expert[blockIdx.x] names each M tile's expert
-// (-1: a tile past the layout's rows, which the CTA leaves unwritten).
+// (-1: a tile past the layout's rows, which the CTA leaves unwritten); bias, where set, is f32
+// (experts, N), the tile's expert's row added in the epilogue (gpt-oss's expert biases).
 template <int BT, int BM, int BN, int WM, int WN, int MINB>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
     gemm_f16(const u16* __restrict__ x, const u8* __restrict__ w0, i64 w_rb, float* __restrict__ out, int M, int N,
-             int K, int out_vec, const int* __restrict__ tile_expert, i64 expert_bytes) {
+             int K, int out_vec, const int* __restrict__ tile_expert, i64 expert_bytes,
+             const float* __restrict__ bias) {
   pdl_enter();
   const int expert = tile_expert ? __ldg(tile_expert + blockIdx.x) : 0;
   if (expert < 0) return;
@@ -292,21 +294,25 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, MINB)
   cp_wait<0>();
 
   // Epilogue: accumulator (mi, ni) holds rows +lane/4 and +8, columns 2*(lane%4) + {0, 1}.
+  const float* __restrict__ brow = bias ? bias + (i64)expert * N : nullptr;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
       const int cn = n0 + wn * WN + ni * 8 + (lane & 3) * 2;
+      const float b0 = brow && cn < N ? __ldg(brow + cn) : 0.0f, b1 = brow && cn + 1 < N ? __ldg(brow + cn + 1) : 0.0f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + wm * WM + mi * 16 + (lane >> 2) + 8 * h;
         if (r >= M) continue;
         float* o = out + (i64)r * N + cn;
+        const float v0 = brow ? acc[mi][ni][2 * h] + b0 : acc[mi][ni][2 * h];
+        const float v1 = brow ? acc[mi][ni][2 * h + 1] + b1 : acc[mi][ni][2 * h + 1];
         if (out_vec) {
-          if (cn < N) *reinterpret_cast<float2*>(o) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          if (cn < N) *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
         } else {
-          if (cn < N) o[0] = acc[mi][ni][2 * h];
-          if (cn + 1 < N) o[1] = acc[mi][ni][2 * h + 1];
+          if (cn < N) o[0] = v0;
+          if (cn + 1 < N) o[1] = v1;
         }
       }
     }

@@ -135,7 +135,8 @@ def _check_x_out(x16, out, N: int, what: str):
     return M, K
 
 
-def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream, tile_expert=None, expert_bytes=0):
+def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream, tile_expert=None, expert_bytes=0,
+            bias=None):
     if M == 0 or N == 0:
         return
     cname = config or pick_config(M, N, qt)
@@ -147,7 +148,8 @@ def _launch(qt, w, rb: int, x16, out, M: int, N: int, K: int, config, stream, ti
     threads = (bm // wm) * (bn // wn) * 32
     out_vec = int(N % 2 == 0 and out.data.ptr % 8 == 0)
     args = (x16, w, np.int64(rb), out, np.int32(M), np.int32(N), np.int32(K), np.int32(out_vec),
-            np.uint64(0) if tile_expert is None else tile_expert, np.int64(expert_bytes))
+            np.uint64(0) if tile_expert is None else tile_expert, np.int64(expert_bytes),
+            np.uint64(0) if bias is None else bias)
     with _stream(stream):
         _fn(kernel_name(qt, cfg), smem)((-(-M // bm), -(-N // bn)), (threads,), args, shared_mem=smem)
 
@@ -186,12 +188,13 @@ def fused_b(qt, w, x16, out, *, stream=None, config: str | None = None) -> None:
 GROUPED_CONFIG = "S"  # an MoE's expert groups are padded to its BM (64 rows): see backend/moe.py's align
 
 
-def fused_b_grouped(qt, w, n_expert: int, x16, tile_expert, out, *, stream=None) -> None:
+def fused_b_grouped(qt, w, n_expert: int, x16, tile_expert, out, *, stream=None, bias=None) -> None:
     """An MoE prefill's projection in one launch: out (Mp, R) f32 row block t of BM rows =
     x16's rows of that block @ f16(dequant(expert tile_expert[t] of w)).T. w: the stacked experts
     (n_expert * R, row_bytes) uint8, expert e its rows e*R ..; x16 (Mp, K) f16, Mp a multiple of
     BM (GROUPED_CONFIG's); tile_expert (Mp / BM,) int32 on the device, values < n_expert, or -1
-    for a tile to skip (its rows of out stay as they were)."""
+    for a tile to skip (its rows of out stay as they were). bias: f32 (n_expert, R), each tile's
+    expert's row added in the epilogue (one f32 add, as adding it after would)."""
     qt = _qt(qt)
     if qt.name not in SUPPORTED:
         raise ValueError(f"fused_b_grouped: type {qt.name} not supported")
@@ -204,4 +207,7 @@ def fused_b_grouped(qt, w, n_expert: int, x16, tile_expert, out, *, stream=None)
     if M % bm or tile_expert.dtype != np.int32 or tile_expert.shape != (M // bm,):
         raise ValueError(f"fused_b_grouped: {M} rows in tiles of {bm} with tile_expert {tile_expert.dtype} "
                          f"{tuple(tile_expert.shape)}")
-    _launch(qt, w, rb, x16, out, M, R, K, GROUPED_CONFIG, stream, tile_expert, R * rb)
+    if bias is not None and (bias.dtype != np.float32 or bias.shape != (n_expert, R) or not bias.flags.c_contiguous):
+        raise ValueError(f"fused_b_grouped: bias must be C-contiguous float32 {(n_expert, R)}, got {bias.dtype} "
+                         f"{tuple(bias.shape)}")
+    _launch(qt, w, rb, x16, out, M, R, K, GROUPED_CONFIG, stream, tile_expert, R * rb, bias)

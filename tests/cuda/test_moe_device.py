@@ -200,6 +200,48 @@ def test_fused_b_grouped_is_fused_b_on_each_tiles_expert(name, to_device):
         assert cp.array_equal(out[t * bm:(t + 1) * bm], want), f"{name} tile {t} (expert {e})"
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "MXFP4", "Q4_K"])
+def test_fused_b_grouped_adds_each_tiles_expert_bias(name, to_device):
+    """bias (n_expert, R) f32: each tile's expert's row added in the epilogue, bit for bit the
+    product then one f32 add (what cuda_moe's _biased did after it); skipped tiles untouched:
+    what lets backend/pending.py's grouped_bias be switched on."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id + 7)
+    E, R, bm = 4, 100, CONFIGS[GROUPED_CONFIG][0]  # 100 columns: a partial column tile
+    K = qt.block_elems * 3
+    w = to_device(random_blocks(qt, E * R, K, rng))
+    tiles = np.array([2, 0, 3, -1], np.int32)
+    x16 = cp.asarray(rng.standard_normal((tiles.size * bm, K)).astype(np.float16))
+    bias = cp.asarray(rng.standard_normal((E, R)).astype(np.float32))
+    plain, biased = poisoned((tiles.size * bm, R), cp.float32), poisoned((tiles.size * bm, R), cp.float32)
+    fused_b_grouped(qt, w, E, x16, cp.asarray(tiles), plain)
+    fused_b_grouped(qt, w, E, x16, cp.asarray(tiles), biased, bias=bias)
+    for t, e in enumerate(tiles):
+        rows = slice(t * bm, (t + 1) * bm)
+        if e < 0:
+            assert cp.isnan(biased[rows]).all(), "a skipped tile was written"
+            continue
+        assert cp.array_equal(biased[rows], plain[rows] + bias[e]), f"{name} tile {t} (expert {e})"
+    with pytest.raises(ValueError, match="bias must be C-contiguous float32"):
+        fused_b_grouped(qt, w, E, x16, cp.asarray(tiles), biased, bias=bias[:, :50])
+
+
+def test_a_grouped_gpt_oss_prefill_with_biases_in_the_gemm_is_the_same(synth_model, monkeypatch):
+    """A tiny gpt-oss's 64-token prefill through the grouped GEMMs, expert biases in their epilogue
+    and added after: every position's logits bit for bit."""
+    from minferd.backend import pending
+    from minferd.model.loader import load_local
+    monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
+    ids = np.random.default_rng(3).integers(300, 1000, 64)
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"grouped_bias"} if on else pending.WAITING | {"grouped_bias"})
+        lm = load_local(str(synth_model("gpt-oss", "q8_0")), "w16", device="cuda", ctx=128)
+        cache = lm.model.new_cache(lm.model.be.untracked(), 128)
+        got.append(lm.model.be.to_host(lm.model.forward(ids, cache, all_logits=True)))
+    assert got[0].shape[0] == 64 and np.array_equal(got[0], got[1])
+
+
 def test_fused_b_grouped_refuses_a_partial_tile():
     qt = TYPES["Q8_0"]
     w = cp.zeros((2 * 64, qt.block_bytes), cp.uint8)
