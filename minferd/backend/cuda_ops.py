@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention
+from minferd.backend import cuda_attention, pending
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
@@ -27,11 +27,13 @@ def _op(name: str):
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 y16",
                                "y = g / (1.0f + expf(-g)) * u; y16 = (float16)y", "minferd_swiglu")
-# gpt-oss's clamped SwiGLU (Backend.swiglu_oai; the CPU backend's is the reference).
-_swiglu_oai = cp.ElementwiseKernel(
-    "float32 g, float32 u, float32 alpha, float32 limit", "float32 y",
-    "float gc = fminf(g, limit); float uc = fminf(fmaxf(u, -limit), limit); y = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f)",
-    "minferd_swiglu_oai")
+# gpt-oss's clamped SwiGLU (Backend.swiglu_oai; the CPU backend's is the reference); the second
+# also writes the f16 rounding the down projection reads (pending: oai_f16), as _swiglu does.
+_OAI = "float gc = fminf(g, limit); float uc = fminf(fmaxf(u, -limit), limit); y = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f)"
+_swiglu_oai = cp.ElementwiseKernel("float32 g, float32 u, float32 alpha, float32 limit", "float32 y", _OAI,
+                                   "minferd_swiglu_oai")
+_swiglu_oai16 = cp.ElementwiseKernel("float32 g, float32 u, float32 alpha, float32 limit", "float32 y, float16 y16",
+                                     _OAI + "; y16 = (float16)y", "minferd_swiglu_oai16")
 _gelu = cp.ElementwiseKernel(
     "float32 g, float32 u", "float32 y, float16 y16",
     "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u; y16 = (float16)y",
@@ -146,8 +148,12 @@ class CudaOps:
 
     def swiglu_oai(self, gate, up, alpha, limit):
         y = cp.empty(gate.shape, cp.float32)
-        _swiglu_oai(cp.ascontiguousarray(gate, dtype=cp.float32), cp.ascontiguousarray(up, dtype=cp.float32),
-                    np.float32(alpha), np.float32(limit), y)
+        args = (cp.ascontiguousarray(gate, dtype=cp.float32), cp.ascontiguousarray(up, dtype=cp.float32),
+                np.float32(alpha), np.float32(limit), y)
+        if pending.ready("oai_f16") and gate.ndim == 2:
+            _swiglu_oai16(*args, self._new_x16(y))  # a prefill's: its f16 for down, no cast launch
+        else:
+            _swiglu_oai(*args)
         return y
 
     def gelu_gate(self, gate, up):

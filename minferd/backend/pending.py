@@ -20,6 +20,8 @@ PATHS: dict[str, str] = {
     "grouped_bias": "gpt-oss's expert biases in the grouped prefill GEMM's epilogue, not gathered and added "
                     "(gemm_f16.cu's bias): test_moe_device.py test_fused_b_grouped_adds_each_tiles_expert_bias, "
                     "test_a_grouped_gpt_oss_prefill_with_biases_in_the_gemm_is_the_same",
+    "oai_f16": "gpt-oss's prefill activation writes the f16 its down projection reads (cuda_ops' "
+               "_swiglu_oai16), no cast pass: test_fused_ops.py test_swiglu_oai_leaves_its_f16",
     "warp_topk": "an MoE's top-k in one warp a token, no barriers (moe.cu moe_topk_warp, E <= 256): "
                  "test_moe_device.py test_topk_is_route, test_topk_picks_distinct_experts_past_the_finite_logits",
 }

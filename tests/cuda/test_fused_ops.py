@@ -64,6 +64,22 @@ def test_act_gate_oai_is_swiglu_oai(be, n):
     assert np.array_equal(fused[:len(quantized(y))], quantized(y))
 
 
+def test_swiglu_oai_leaves_its_f16(be, monkeypatch):
+    """swiglu_oai with oai_f16 on: the same y bit for bit, and the f16 the next matmul reads
+    (be._as_f16 finds it, no cast) equal to the cast it replaces: what lets backend/pending.py's
+    oai_f16 be switched on."""
+    from minferd.backend import pending
+    g, u = (cp.asarray((rng.standard_normal((300, 2880)) * 6).astype(np.float32)) for _ in range(2))
+    with be.scope():
+        want = be.swiglu_oai(g, u, 1.702, 7.0)
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"oai_f16"})
+        y = be.swiglu_oai(g, u, 1.702, 7.0)
+        assert be._x16[1] is y
+        y16 = be._as_f16(y)
+        assert y16 is be._x16[2]
+        assert cp.array_equal(y, want) and cp.array_equal(y16.view(cp.uint16), want.astype(cp.float16).view(cp.uint16))
+
+
 @pytest.mark.parametrize("n", [1, 5, 40])  # rows of both: <= 64 share RMSNORM_CTAS CTAs a row, more take one
 def test_rmsnorm_pair_is_two_rmsnorms(be, n):
     """q's and k's head norms in one launch (rmsnorm_pair) equal the two rmsnorm launches bit for
