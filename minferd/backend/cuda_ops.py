@@ -24,6 +24,14 @@ def _op(name: str):
     return kernel("ops", name)
 
 
+def _norm_threads(d: int) -> int:
+    """A decode row's rmsnorm_q / combine_rmsnorm_q CTA: 256 threads, or (pending: wide_norm) one
+    float4 of the row a thread, up to 1024, so each CTA's sum of squares is one round of loads."""
+    if not pending.ready("wide_norm"):
+        return 256
+    return min(1024, max(256, -(-d // 128) * 32))
+
+
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 y16",
                                "y = g / (1.0f + expf(-g)) * u; y16 = (float16)y", "minferd_swiglu")
@@ -62,7 +70,7 @@ class CudaOps:
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
+            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (_norm_threads(d),), (x, weight.data, out, np.int32(d),
                                                                     np.float32(eps)) + self._xq_args(scratch, out))
             return out
         out16 = None
@@ -83,7 +91,7 @@ class CudaOps:
             return moe_kernels.combine(y, wts, k, res)
         total, out = cp.empty((n, H), cp.float32), cp.empty((n, H), cp.float32)
         scratch = self._new_xq(out)
-        _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (256,),
+        _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (_norm_threads(H),),
                                  (y, wts, np.int32(k), np.uint64(0 if res is None else res.data.ptr), total, weight.data,
                                   out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out))
         self._normed_ahead = (total, weight, eps, out, self._xq)

@@ -38,8 +38,16 @@ def be():
     return b
 
 
-@pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024)])
-def test_rmsnorm_leaves_quantize_x_format(be, n, d):
+@pytest.fixture(params=[False, True], ids=["256", "wide"])
+def wide(request, monkeypatch):
+    """Both CTA sizes of a decode row's norms: 256 threads, and backend/pending.py's wide_norm."""
+    from minferd.backend import pending
+    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"wide_norm"} if request.param else pending.WAITING | {"wide_norm"})
+    return request.param
+
+
+@pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880)])
+def test_rmsnorm_leaves_quantize_x_format(be, n, d, wide):
     x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
     w = vec(rng.standard_normal(d).astype(np.float32))
     with be.scope():
@@ -93,7 +101,7 @@ def test_rmsnorm_pair_is_two_rmsnorms(be, n):
 
 
 @pytest.mark.parametrize("n,k,H", [(1, 8, 2048), (5, 4, 2880), (8, 2, 64)])
-def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H):
+def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H, wide):
     """combine_rmsnorm_q's sum equals moe.combine's and the next rmsnorm of it (handed over, not
     launched) rmsnorm_q's, with its mat-vec format, bit for bit."""
     from minferd.kernels import moe as moe_kernels
