@@ -121,6 +121,14 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._prefill_pool = None
         self._cublas_ws = None
 
+    def free(self, *objs) -> None:
+        """Backend.free; a KV cache's graphs go with it (they write its blocks, and a cache made
+        later may get its id: bench.py makes one a repetition)."""
+        gone = {id(o) for o in objs if isinstance(o, KVCache)}
+        for key in [k for k in self.graphs if k[0] in gone]:
+            del self.graphs[key]
+        super().free(*objs)
+
     def free_scratch(self, mem) -> None:
         self._forget_graphs()
         if self.arena is not None:
