@@ -26,10 +26,11 @@ def _op(name: str):
 
 def _norm_threads(d: int) -> int:
     """A decode row's rmsnorm_q / combine_rmsnorm_q CTA: 256 threads, or (pending: wide_norm) one
-    float4 of the row a thread, up to 1024, so each CTA's sum of squares is one round of loads."""
+    float4 of the row a thread up to 512 (whatever registers the kernels take, 512 threads fit an
+    SM), so each CTA's sum of squares is one or two rounds of loads, not two to four."""
     if not pending.ready("wide_norm"):
         return 256
-    return min(1024, max(256, -(-d // 128) * 32))
+    return min(512, max(256, -(-d // 128) * 32))
 
 
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.

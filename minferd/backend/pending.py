@@ -22,7 +22,7 @@ PATHS: dict[str, str] = {
                     "test_a_grouped_gpt_oss_prefill_with_biases_in_the_gemm_is_the_same",
     "oai_f16": "gpt-oss's prefill activation writes the f16 its down projection reads (cuda_ops' "
                "_swiglu_oai16), no cast pass: test_fused_ops.py test_swiglu_oai_leaves_its_f16",
-    "wide_norm": "a decode row's rmsnorm_q and combine_rmsnorm_q with one float4 a thread (up to 1024 threads, "
+    "wide_norm": "a decode row's rmsnorm_q and combine_rmsnorm_q with one float4 a thread (up to 512 threads, "
                  "cuda_ops._norm_threads): test_fused_ops.py test_rmsnorm_leaves_quantize_x_format, "
                  "test_combine_norm_is_combine_then_rmsnorm",
     "warp_topk": "an MoE's top-k in one warp a token, no barriers (moe.cu moe_topk_warp, E <= 256): "
