@@ -199,8 +199,8 @@ mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, 
 
 // ---------------------------------------------------------------------------------------
 // Float weights: x stays f32 (no reason to round it when W is not quantized). One warp per
-// row (or KW warps: mmv_float_rows), lanes over chunks of VEC elements (VEC 8: 16-byte loads of f16/bf16, 2 x 16 of f32,
-// when rows are 16-aligned and K % 8 == 0; else VEC 1, scalar).
+// row (or KW warps: mmv_float_rows), lanes over chunks of VEC elements (VEC 8: 16-byte loads of
+// f16/bf16, 2 x 16 of f32, when rows are 16-aligned and K % 8 == 0; else VEC 1, scalar).
 template <int TYPE>
 __device__ __forceinline__ void load8(const u8* p, float* v) {
   if constexpr (TYPE == T_F32) {

@@ -215,8 +215,8 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
 }
 
 // qwen3's q and k head norms (rmsnorm_pair's, with wq / wk) and then rope_kv, in one launch: one
-// warp a (token, head), for prefills (cuda_ops.NORM_ROPE_MIN_ROWS: a decode step lost with it, s16). The sum of squares is added in the order block_sum adds it for a
-// 256-thread CTA (a lane's elements 256 apart, each warp's 32, then the warps' sums as a warp
+// warp a (token, head), for prefills (cuda_ops.NORM_ROPE_MIN_ROWS: a decode step lost with it,
+// s16). The sum of squares is added in the order block_sum adds it for a 256-thread CTA (a lane's elements 256 apart, each warp's 32, then the warps' sums as a warp
 // sum), so the normed values, and all that follows, are rmsnorm_pair's then rope_kv's bits.
 // q is read and written in place (no __restrict__ on it).
 extern "C" __global__ void norm_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v,

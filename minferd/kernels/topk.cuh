@@ -1,5 +1,5 @@
-// Mixture-of-experts routing, one token a CTA (moe.cu's moe_topk). A fused router (the mat-vec's
-// last CTA routing, s15) ran this too and lost 1-2% tg to moe_topk's separate node (s16): gone.
+// Mixture-of-experts routing: a token's top k of its router's logits, in a CTA (moe.cu's
+// moe_topk) or in one warp (moe_topk_warp, up to 256 experts).
 #pragma once
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)  // NVRTC has no math.h
@@ -31,13 +31,13 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 
 // One token's logits row (E) -> ids (k) in descending logit order and weights (k): the softmax
 // over all E at the top k, renormalized over the k where norm (route's rule). A CTA of
-// TOPK_THREADS threads, all of them calling. The row is read through L2 (__ldcg).
+// TOPK_THREADS threads, all of them calling.
 __device__ __forceinline__ void topk_token(const float* row, int E, int k, int norm, int* __restrict__ ids,
                                            float* __restrict__ wts) {
   __shared__ float l[MAX_EXPERTS];
   __shared__ float top_l[MAX_K];
   __shared__ int top_i[MAX_K];
-  for (int e = threadIdx.x; e < E; e += TOPK_THREADS) l[e] = __ldcg(row + e);
+  for (int e = threadIdx.x; e < E; e += TOPK_THREADS) l[e] = row[e];
   __syncthreads();
   for (int j = 0; j < k; ++j) {
     float v = -INFINITY;
@@ -55,7 +55,7 @@ __device__ __forceinline__ void topk_token(const float* row, int E, int k, int n
   float s = 0.0f;
   const float mx = top_l[0];
   if (!norm)
-    for (int e = threadIdx.x; e < E; e += TOPK_THREADS) s += expf(__ldcg(row + e) - mx);
+    for (int e = threadIdx.x; e < E; e += TOPK_THREADS) s += expf(row[e] - mx);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   __shared__ float ws[TOPK_THREADS / 32];
@@ -86,7 +86,7 @@ __device__ __forceinline__ void topk_token_warp(const float* row, int E, int k, 
   const float taken = __int_as_float(0x7fffffff);  // NaN: no comparison picks it
   float l[TOPK_WARP_PER];
 #pragma unroll
-  for (int q = 0; q < TOPK_WARP_PER; ++q) l[q] = q * 32 + lane < E ? __ldcg(row + q * 32 + lane) : taken;
+  for (int q = 0; q < TOPK_WARP_PER; ++q) l[q] = q * 32 + lane < E ? row[q * 32 + lane] : taken;
   float mine_v = 0.0f, mx = 0.0f;
   int mine_i = 0;
   for (int j = 0; j < k; ++j) {
@@ -112,7 +112,7 @@ __device__ __forceinline__ void topk_token_warp(const float* row, int E, int k, 
   float s = ej;
   if (!norm) {  // every expert's share: from the row (l was consumed)
     s = 0.0f;
-    for (int e = lane; e < E; e += 32) s += expf(__ldcg(row + e) - mx);
+    for (int e = lane; e < E; e += 32) s += expf(row[e] - mx);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);

@@ -216,63 +216,6 @@ def test_a_request_whose_client_left_while_it_waited_never_runs(synth_model):
     assert seq.finish_reason == "cancelled" and not seq.admitted and lm.requests == 0
 
 
-def test_tokens_sent_while_the_next_step_runs_all_arrive(synth_model):
-    """The CUDA backend's order (a step's tokens go out after the next pass is launched), run on
-    the CPU: every sequence still gets all its tokens, the last ones included, and its end."""
-    mem = HostMemory()
-
-    def backend(**kw):
-        be = CpuBackend(2, mem, **kw)
-        be.launches_async = True
-        return be
-
-    h = Host(backend, mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
-    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=128, parallel=4))
-    assert lm.worker._overlap
-    ps = prompts(lm.model.spec.n_vocab, [5, 40, 12, 33])
-    got = all_at_once(h, "m", ps)
-    assert [r.token_ids for r in got] == [solo(lm, p) for p in ps]
-    one = h.generate("m", ps[0], GREEDY)  # alone: its last tokens go out once no work is left
-    assert one.token_ids == got[0].token_ids
-
-
-def test_a_first_token_goes_out_before_the_next_step_where_steps_overlap(synth_model):
-    """With overlap (the CUDA backend's order, here on the CPU) a step's tokens wait for the next
-    pass's launch, except a sequence's first: its time to first token is not held a step. The next
-    pass is held until the test has the first token."""
-    from dataclasses import replace
-    mem = HostMemory()
-
-    def backend(**kw):
-        be = CpuBackend(2, mem, **kw)
-        be.launches_async = True
-        return be
-
-    h = Host(backend, mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
-    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=64))
-    be, release, calls = lm.model.be, threading.Event(), []
-    run = be.run
-
-    def held_run(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:  # the decode step after the prefill that sampled the first token
-            release.wait(10)
-        return run(*a, **kw)
-
-    be.run = held_run
-    seq = Sequence(prompts(lm.model.spec.n_vocab, [6])[0], replace(GREEDY, max_tokens=4), 64, lm.ws.tokenizer)
-    lm.worker.add(seq)
-    try:
-        first = seq.events.get(timeout=5)  # without the early flush: only once the held pass returns
-        assert not release.is_set()
-    finally:
-        release.set()
-    kinds = [first[0]]
-    while kinds[-1] != "end":
-        kinds.append(seq.events.get(timeout=10)[0])
-    assert kinds[0] == "piece" and kinds.count("piece") >= len(seq.generated) >= 1
-
-
 @pytest.mark.parametrize("opts, says", [
     (LoadOptions(ctx=64, kv_tokens=10), "below the context of 64"),
     (LoadOptions(ctx=64, parallel=1000), "past 256 contexts"),
