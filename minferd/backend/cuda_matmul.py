@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -43,8 +43,8 @@ class CudaMatmuls:
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual)
-            else:  # float weights: a router's few rows split K over warps (pending: router_split)
-                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=pending.ready("router_split"))
+            else:  # float weights: a router's few rows split K over warps
+                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import cupy as cp
 
-from minferd.backend import pending
 from minferd.backend.base import Weight
 from minferd.kernels import moe as moe_kernels
 from minferd.kernels.gemm_f16 import CONFIGS as GEMM_CONFIGS, GROUPED_CONFIG, SUPPORTED as GROUPED_TYPES, fused_b_grouped
@@ -100,7 +99,7 @@ def moe(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: We
     reads ids on the device), swiglu_oai in place of SwiGLU."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
-    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk, warp=pending.ready("warp_topk"))
+    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk, warp=True)
     xs = be._quantized(x) if gate_exps.qtype.is_quantized or up_exps.qtype.is_quantized else None
     biases = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]  # in the epilogue, or None
     g, u = _gate_up(gate_exps, up_exps, n_expert, x, xs, ids, k, biases[0], biases[1])
@@ -162,12 +161,12 @@ def prefill(be, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps
     moe's, each tile's rows taking the bias of the tile's expert."""
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     n_expert = router.n_rows
-    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk, warp=pending.ready("warp_topk"))
+    ids, wts = moe_kernels.topk(be.matmul(x, router, router_bias), k, norm_topk, warp=True)
     rows_d, tiles_d, picks_d = moe_kernels.align(ids, n_expert, k, BM)
     xg = cp.take(be._as_f16(x), rows_d, axis=0)  # (rows, hidden) f16, each expert's tokens in its tiles
-    # Expert biases: F32 ones in the GEMM's epilogue (pending: grouped_bias), else gathered by the
-    # tile's expert and added (the skipped tiles' rows gather expert 0's: rows nothing reads).
-    in_gemm = [None] * 3 if exps_bias is None or not pending.ready("grouped_bias") else [_bias_rows(b) for b in exps_bias]
+    # Expert biases: F32 ones in the GEMM's epilogue, else gathered by the tile's expert and added
+    # (the skipped tiles' rows gather expert 0's: rows nothing reads).
+    in_gemm = [None] * 3 if exps_bias is None else [_bias_rows(b) for b in exps_bias]
     row_expert = None if exps_bias is None else cp.repeat(cp.maximum(tiles_d, 0), BM)
 
     def project(i: int, w: Weight, x16):

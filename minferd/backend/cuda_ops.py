@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, pending
+from minferd.backend import cuda_attention
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
@@ -24,20 +24,11 @@ def _op(name: str):
     return kernel("ops", name)
 
 
-def _norm_threads(d: int) -> int:
-    """A decode row's rmsnorm_q / combine_rmsnorm_q CTA: 256 threads, or (pending: wide_norm) one
-    float4 of the row a thread up to 512 (whatever registers the kernels take, 512 threads fit an
-    SM), so each CTA's sum of squares is one or two rounds of loads, not two to four."""
-    if not pending.ready("wide_norm"):
-        return 256
-    return min(512, max(256, -(-d // 128) * 32))
-
-
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 y16",
                                "y = g / (1.0f + expf(-g)) * u; y16 = (float16)y", "minferd_swiglu")
 # gpt-oss's clamped SwiGLU (Backend.swiglu_oai; the CPU backend's is the reference); the second
-# also writes the f16 rounding the down projection reads (pending: oai_f16), as _swiglu does.
+# also writes the f16 rounding the down projection reads, as _swiglu does.
 _OAI = "float gc = fminf(g, limit); float uc = fminf(fmaxf(u, -limit), limit); y = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f)"
 _swiglu_oai = cp.ElementwiseKernel("float32 g, float32 u, float32 alpha, float32 limit", "float32 y", _OAI,
                                    "minferd_swiglu_oai")
@@ -71,7 +62,7 @@ class CudaOps:
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (_norm_threads(d),), (x, weight.data, out, np.int32(d),
+            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d),
                                                                     np.float32(eps)) + self._xq_args(scratch, out))
             return out
         out16 = None
@@ -92,7 +83,7 @@ class CudaOps:
             return moe_kernels.combine(y, wts, k, res)
         total, out = cp.empty((n, H), cp.float32), cp.empty((n, H), cp.float32)
         scratch = self._new_xq(out)
-        _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (_norm_threads(H),),
+        _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (256,),
                                  (y, wts, np.int32(k), np.uint64(0 if res is None else res.data.ptr), total, weight.data,
                                   out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out))
         self._normed_ahead = (total, weight, eps, out, self._xq)
@@ -159,7 +150,7 @@ class CudaOps:
         y = cp.empty(gate.shape, cp.float32)
         args = (cp.ascontiguousarray(gate, dtype=cp.float32), cp.ascontiguousarray(up, dtype=cp.float32),
                 np.float32(alpha), np.float32(limit), y)
-        if pending.ready("oai_f16") and gate.ndim == 2:
+        if gate.ndim == 2:
             _swiglu_oai16(*args, self._new_x16(y))  # a prefill's: its f16 for down, no cast launch
         else:
             _swiglu_oai(*args)

@@ -62,14 +62,14 @@ class Case:
         self.q = (rng.standard_normal((self.B, hq, d)) * q_scale).astype(np.float32)
         self.dev = {k: cp.asarray(getattr(self, k)) for k in ("q", "K", "V", "bt", "lens")}
 
-    def run(self, *, window=0, splits=None, xq=None, out=None, sinks=None, counters=None):
+    def run(self, *, window=0, splits=None, xq=None, out=None, sinks=None):
         if splits is None:
             splits = splits_for(self.B, self.hkv, int(self.lens.max()), d=self.d)
         out = poisoned((self.B, self.hq * self.d), cp.float32) if out is None else out
         dv = self.dev
         attn_decode(dv["q"], dv["K"], dv["V"], dv["bt"], dv["lens"], out, block_size=self.bs, window=window,
                     scale=self.d ** -0.5, splits=splits, xq=xq,
-                    sinks=None if sinks is None else cp.asarray(sinks), counters=counters)
+                    sinks=None if sinks is None else cp.asarray(sinks))
         return out
 
     def ref(self, window=0, lens=None, bt=None, q=None, sinks=None):

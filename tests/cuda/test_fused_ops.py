@@ -38,16 +38,8 @@ def be():
     return b
 
 
-@pytest.fixture(params=[False, True], ids=["256", "wide"])
-def wide(request, monkeypatch):
-    """Both CTA sizes of a decode row's norms: 256 threads, and backend/pending.py's wide_norm."""
-    from minferd.backend import pending
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"wide_norm"} if request.param else pending.WAITING | {"wide_norm"})
-    return request.param
-
-
 @pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880)])
-def test_rmsnorm_leaves_quantize_x_format(be, n, d, wide):
+def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
     w = vec(rng.standard_normal(d).astype(np.float32))
     with be.scope():
@@ -72,15 +64,14 @@ def test_act_gate_oai_is_swiglu_oai(be, n):
     assert np.array_equal(fused[:len(quantized(y))], quantized(y))
 
 
-def test_swiglu_oai_leaves_its_f16(be, monkeypatch):
-    """swiglu_oai with oai_f16 on: the same y bit for bit, and the f16 the next matmul reads
-    (be._as_f16 finds it, no cast) equal to the cast it replaces: what lets backend/pending.py's
-    oai_f16 be switched on."""
-    from minferd.backend import pending
+def test_swiglu_oai_leaves_its_f16(be):
+    """A prefill's swiglu_oai: y bit for bit the f32-only kernel's, and the f16 the next matmul
+    reads (be._as_f16 finds it, no cast launch) equal to the cast of it."""
+    from minferd.backend.cuda_ops import _swiglu_oai
     g, u = (cp.asarray((rng.standard_normal((300, 2880)) * 6).astype(np.float32)) for _ in range(2))
+    want = cp.empty_like(g)
+    _swiglu_oai(g, u, np.float32(1.702), np.float32(7.0), want)
     with be.scope():
-        want = be.swiglu_oai(g, u, 1.702, 7.0)
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"oai_f16"})
         y = be.swiglu_oai(g, u, 1.702, 7.0)
         assert be._x16[1] is y
         y16 = be._as_f16(y)

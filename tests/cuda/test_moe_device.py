@@ -19,7 +19,6 @@ from minferd.kernels.quant import CUDA_TYPES, TYPES  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from tests.conftest import MOE_TYPES  # noqa: E402
 from tests.cuda.conftest import matmul_reference, poisoned, rel_err  # noqa: E402
-from tests.cuda.test_attn_decode import _Bump  # noqa: E402
 from tests.cuda.test_backend import PATH_KERNELS, teacher_forced  # noqa: E402
 from tests.cuda.test_moe_cuda import decode_step_on_both  # noqa: E402
 
@@ -203,8 +202,8 @@ def test_fused_b_grouped_is_fused_b_on_each_tiles_expert(name, to_device):
 @pytest.mark.parametrize("name", ["Q8_0", "MXFP4", "Q4_K"])
 def test_fused_b_grouped_adds_each_tiles_expert_bias(name, to_device):
     """bias (n_expert, R) f32: each tile's expert's row added in the epilogue, bit for bit the
-    product then one f32 add (what cuda_moe's _biased did after it); skipped tiles untouched:
-    what lets backend/pending.py's grouped_bias be switched on."""
+    product then one f32 add (what cuda_moe's _biased does after it for other bias types); skipped
+    tiles untouched."""
     qt = TYPES[name]
     rng = np.random.default_rng(qt.ggml_id + 7)
     E, R, bm = 4, 100, CONFIGS[GROUPED_CONFIG][0]  # 100 columns: a partial column tile
@@ -228,14 +227,16 @@ def test_fused_b_grouped_adds_each_tiles_expert_bias(name, to_device):
 
 def test_a_grouped_gpt_oss_prefill_with_biases_in_the_gemm_is_the_same(synth_model, monkeypatch):
     """A tiny gpt-oss's 64-token prefill through the grouped GEMMs, expert biases in their epilogue
-    and added after: every position's logits bit for bit."""
-    from minferd.backend import pending
+    (F32 biases) and gathered and added after (the path other bias types take): every position's
+    logits bit for bit."""
+    from minferd.backend import cuda_moe
     from minferd.model.loader import load_local
     monkeypatch.setenv("MINFERD_DEVICE_MOE", "1")
     ids = np.random.default_rng(3).integers(300, 1000, 64)
     got = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"grouped_bias"} if on else pending.WAITING | {"grouped_bias"})
+    bias_rows = cuda_moe._bias_rows
+    for in_gemm in (False, True):
+        monkeypatch.setattr(cuda_moe, "_bias_rows", bias_rows if in_gemm else lambda b: None)
         lm = load_local(str(synth_model("gpt-oss", "q8_0")), "w16", device="cuda", ctx=128)
         cache = lm.model.new_cache(lm.model.be.untracked(), 128)
         got.append(lm.model.be.to_host(lm.model.forward(ids, cache, all_logits=True)))
