@@ -50,6 +50,22 @@ def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
     assert not any(g.eager for g in be.graphs.values())  # captured (cuBLAS too, for W16 past 8 rows)
 
 
+def decode_step(model_file, path: str, B: int):
+    """The logits of one decode step of B sequences (after a prefill of each) through a fresh
+    backend's decode graph: a graph captured under the environment as it is now."""
+    lm = load_local(model_file, path, device="cuda", ctx=256)
+    m, be = lm.model, lm.model.be
+    cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)
+    rng = np.random.default_rng(B)
+    tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]
+    lens = rng.integers(1, 60, B)
+    m.forward_batch(Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32), cache)
+    step = [([int(rng.integers(0, 1000))], int(n), t) for n, t in zip(lens, tables)]
+    out = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
+    assert not any(g.eager for g in be.graphs.values())
+    return out
+
+
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 @pytest.mark.parametrize("B", [1, 16, 128])
 def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
@@ -59,16 +75,22 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     outs = []
     for rows in ("0", "256"):
         monkeypatch.setenv("MINFERD_PDL", rows)
-        lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=256)
-        m, be = lm.model, lm.model.be
-        cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)
-        rng = np.random.default_rng(B)
-        tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]
-        lens = rng.integers(1, 60, B)
-        m.forward_batch(Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32), cache)
-        step = [([int(rng.integers(0, 1000))], int(n), t) for n, t in zip(lens, tables)]
-        outs.append(be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache)))
-        assert not any(g.eager for g in be.graphs.values())
+        outs.append(decode_step(str(synth_model("qwen2", "q4_k")), path, B))
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("qwen2", "q8_0"), ("qwen3moe", "q4_k")])
+@pytest.mark.parametrize("B", [1, 16])
+def test_weight_prefetch_changes_no_bit(synth_model, arch, quant, B, monkeypatch):
+    """Decode graphs (programmatic launch on) whose mat-vecs ask L2 for their weights before
+    pdl_enter replay to the same bits as without: mmvq at 1 row, tcgemv at 16, an MoE's float
+    router through mmv_float: what lets backend/pending.py's weight_prefetch on."""
+    from minferd.backend import pending
+    monkeypatch.setenv("MINFERD_PDL", "64")
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"weight_prefetch"} if on else pending.WAITING | {"weight_prefetch"})
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
     assert np.array_equal(outs[0], outs[1])
 
 
