@@ -296,7 +296,8 @@ template <int TYPE, int NC, int VEC, int KW = 1>
 __global__ void __launch_bounds__(128)
 mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
           int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res, int pf) {
-  if (pf) prefetch_rows_l2(W, row_bytes, blockIdx.x * (4 / KW), min(nrows, (blockIdx.x + 1) * (4 / KW)), 0, row_bytes);
+  const int r0 = (int)blockIdx.x * (4 / KW);
+  if (pf) prefetch_rows_l2(W, row_bytes, r0, min(nrows, r0 + 4 / KW), 0, row_bytes);
   pdl_enter();
   mmv_float_rows<TYPE, NC, VEC, KW>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
 }

@@ -147,7 +147,7 @@ __device__ __forceinline__ int acc_token(int n, int e) {
 // pf: the CTA's rows' blocks of its split go to L2 before pdl_enter (pdl.cuh's prefetch_rows_l2).
 __device__ __forceinline__ void tc_prefetch(const u8* W, i64 row_bytes, int nb, int N, int bps, int rows_per_cta) {
   const i64 bb = row_bytes / nb;
-  const int r0 = blockIdx.x * rows_per_cta, b0 = blockIdx.y * bps;
+  const int r0 = (int)blockIdx.x * rows_per_cta, b0 = (int)blockIdx.y * bps;
   prefetch_rows_l2(W, row_bytes, r0, min(N, r0 + rows_per_cta), b0 * bb, min(nb, b0 + bps) * bb);
 }
 
