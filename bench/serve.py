@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 from minferd._proto import pb2, pb2_grpc  # noqa: E402
+from minferd.client import channel_options  # noqa: E402
 from minferd.config import KV_BLOCK_TOKENS  # noqa: E402
 
 MODEL_NAME = "serve-bench"
@@ -41,8 +42,9 @@ OPEN_CHANNELS: set[grpc.Channel] = set()  # closed on any exit: that cancels the
 
 
 def channel(address: str) -> grpc.Channel:
-    # A local subchannel pool gives each client its own connection, as separate processes would have.
-    ch = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    # A local subchannel pool gives each client its own connection, as separate processes would have;
+    # streams read on the calling thread, as minferd's Client reads them (client.channel_options).
+    ch = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *channel_options()])
     OPEN_CHANNELS.add(ch)
     return ch
 
