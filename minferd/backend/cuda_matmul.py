@@ -17,7 +17,7 @@ import numpy as np
 from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
-from minferd.kernels import launch, mmq_small, tcgemv
+from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
@@ -28,11 +28,12 @@ MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized byte
 
 
 def _prefetch() -> bool:
-    """Mat-vec CTAs ask L2 for their weights before they wait on the node before them
-    (pdl.cuh's prefetch_rows_l2; pending: weight_prefetch): in programmatic launches only, where
-    a CTA can be resident before that node ends (elsewhere the hint would only precede its own
-    loads). Read per launch: tests switch it."""
-    return launch.active() and pending.ready("weight_prefetch")
+    """Mat-vec CTAs ask L2 for all their weights at once, before they wait on the node before
+    them (pdl.cuh's prefetch_rows_l2; pending: weight_prefetch): in a programmatic launch a CTA
+    resident early streams them while that node runs, and in any launch a CTA's rows are all
+    in flight from its start, not a step of each warp's at a time. Read per launch: tests
+    switch it."""
+    return pending.ready("weight_prefetch")
 
 
 def key(x) -> tuple:

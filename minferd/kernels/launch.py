@@ -82,11 +82,6 @@ def programmatic(on: bool = True):
         _local.on = before
 
 
-def active() -> bool:
-    """Whether this thread's launches are programmatic now (inside programmatic())."""
-    return getattr(_local, "on", False)
-
-
 def _arg(a):
     """A kernel argument as the ctypes value CuPy would pass: arrays by their device pointer,
     NumPy scalars by their bytes, Python ints and floats as int64 / float64 (CuPy's rule)."""

@@ -13,12 +13,13 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-// Weights no node of a graph writes may be read before pdl_enter(). A mat-vec's CTA that is
-// resident while the node before it still runs (a norm, an activation: a few microseconds in
-// which HBM idles) asks L2 for its share of the matrix: rows [r0, r1) of W, bytes [c0, c1) of
-// each, the CTA's threads a 128-byte line each in turn. Only a hint: it changes no result, and
-// every line it names holds bytes of the range (no address outside W's rows). (pending:
-// weight_prefetch, backend/pending.py)
+// Weights no node of a graph writes may be read before pdl_enter(). A mat-vec's CTA asks L2 for
+// its share of the matrix there: rows [r0, r1) of W, bytes [c0, c1) of each, the CTA's threads a
+// 128-byte line each in turn. Resident while the node before it still runs (a norm, an
+// activation: microseconds in which HBM idles), it streams them meanwhile; in any launch all its
+// rows are in flight from its start, where its warps' loads ask for one step at a time. Only a
+// hint: it changes no result, and every line it names holds bytes of the range (no address
+// outside W's rows). (pending: weight_prefetch, backend/pending.py)
 __device__ __forceinline__ void prefetch_rows_l2(const unsigned char* W, long long row_bytes, int r0, int r1,
                                                  long long c0, long long c1) {
 #if defined(__CUDA_ARCH__)
