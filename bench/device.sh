@@ -41,10 +41,9 @@ OUT=${OUT:-/tmp/minferd-out}; mkdir -p "$OUT"
 # CuPy's compiled kernels (keyed by source, options and NVRTC): a fresh machine spends minutes
 # compiling them. Carry .devcarry/cupy_cache (untar $OUT/cupy_cache.tgz there; gzip keeps it under the 16 MiB a file may come back as) to skip that.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.devcarry/cupy_cache}
-# FRESH_CACHE=1: start from an empty cache, so what comes back holds only today's kernels (the way
-# to prune the carried one, which only grows). WARM=1: `minferd warmup` first, every kernel part
-# compiled 8 at a time (~33 s cold), where the stages would compile them one after another.
-[ -n "${FRESH_CACHE:-}" ] && { CUPY_CACHE_DIR=/tmp/cupy-fresh; rm -rf "$CUPY_CACHE_DIR"; }
+# CUPY_CACHE_DIR=/tmp/cupy-fresh (empty on a fresh machine): what comes back then holds only today's
+# kernels, the way to prune the carried cache, which only grows. WARM=1: `minferd warmup` first,
+# every kernel part compiled 8 at a time (~33 s cold), where the stages would compile them in turn.
 mkdir -p "$CUPY_CACHE_DIR"
 # One tar: the device tool returns a bounded number of files.
 # At most 8 files come back: past 7 (the cache is the 8th), the JSON files travel as one tar.
