@@ -94,6 +94,19 @@ def test_weight_prefetch_changes_no_bit(synth_model, arch, quant, B, monkeypatch
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k")])
+@pytest.mark.parametrize("B", [1, 8])
+def test_mmvq_wave_changes_no_bit(synth_model, arch, quant, B, monkeypatch):
+    """Decode graphs whose mat-vecs run as a wave of CTAs walking the shares of rows replay to
+    the same bits as one CTA a share: what lets backend/pending.py's mmvq_wave on."""
+    from minferd.backend import pending
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"mmvq_wave"} if on else pending.WAITING | {"mmvq_wave"})
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
+    assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a
