@@ -59,7 +59,7 @@ def status_dict(s) -> dict:
 def channel_options() -> tuple:
     """Options of every channel a client of minferd opens: a server stream (Generate, Chat,
     LoadModel) is read on the calling thread, with no hand-off through grpc's channel-spin thread
-    for each message: a bare one-message stream's round trip 0.39-0.65 -> 0.23-0.31 ms on a 2-core
+    for each message: a bare one-message stream's round trip 0.76-0.81 -> 0.46-0.54 ms on a 2-core
     machine (bench/rpc_floor.py), the floor under every time to first token. Deadlines,
     cancel() from another thread and Ctrl-C behave as before."""
     import grpc.experimental

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
+from .mmq_small import sm_count
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
 NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
@@ -331,10 +332,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     total = sum(ctas)
     if total == 0:
         return
-    grid = total
-    if wave:
-        from .mmq_small import sm_count
-        grid = min(total, wave * sm_count(x.device.id))
+    grid = min(total, wave * sm_count(x.device.id)) if wave else total
     pad = MAX_GROUP - len(ws)
     W = list(ws) + [ws[-1]] * pad
     R = rows + [0] * pad

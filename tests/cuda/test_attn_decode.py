@@ -310,4 +310,3 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="batches up to 8"):
         attn_decode(nine.dev["q"], nine.dev["K"], nine.dev["V"], nine.dev["bt"], nine.dev["lens"],
                     cp.empty((9, 512), cp.float32), xq=cp.empty(scratch_bytes(9, 512), cp.uint8), **kw)
-

@@ -92,7 +92,7 @@ def test_rmsnorm_pair_is_two_rmsnorms(be, n):
 
 
 @pytest.mark.parametrize("n,k,H", [(1, 8, 2048), (5, 4, 2880), (8, 2, 64)])
-def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H, wide):
+def test_combine_norm_is_combine_then_rmsnorm(be, n, k, H):
     """combine_rmsnorm_q's sum equals moe.combine's and the next rmsnorm of it (handed over, not
     launched) rmsnorm_q's, with its mat-vec format, bit for bit."""
     from minferd.kernels import moe as moe_kernels

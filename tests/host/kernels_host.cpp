@@ -39,9 +39,6 @@ template <class T> static inline T __ldg(const T* p) {
   memcpy(&v, p, sizeof(T));
   return v;
 }
-template <class T> static inline T __ldcg(const T* p) { return __ldg(p); }
-static inline void __threadfence() {}
-static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned o = *p; *p += v; return o; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
