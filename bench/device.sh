@@ -156,10 +156,9 @@ fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
   # MODELS=30b,20b: the MoE presets' dense shapes; SWEEP=1 times every kernel shape too; PREFETCH=1
-  # each shape again with its CTAs' rows asked of L2 first (pending: weight_prefetch); WAVES=4,8,16
-  # with grids of that many CTAs an SM walking the shares (pending: mmvq_wave), with PREFETCH both ways.
+  # each shape again with its CTAs' rows asked of L2 first (pending: weight_prefetch).
   python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --no-dequant ${SWEEP:+--sweep} \
-    ${PREFETCH:+--prefetch} ${WAVES:+--waves $WAVES} \
+    ${PREFETCH:+--prefetch} \
     --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
 fi
 if [ "$stage" = verify ]; then

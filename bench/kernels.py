@@ -85,8 +85,6 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--prefetch", action="store_true",
                     help="also time each mat-vec with its CTAs' rows asked of L2 first (mmvq prefetch=True)")
-    ap.add_argument("--waves", default="", help="also time each quantized mat-vec with a grid of this many "
-                    "CTAs an SM walking the shares (mmvq wave=), e.g. 4,8,16; with --prefetch, both ways")
     ap.add_argument("--no-dequant", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -102,7 +100,6 @@ def main() -> int:
     name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
     types = [t for t in args.types.split(",") if t]
     ns = [int(n) for n in args.ns.split(",")]
-    waves = [int(w) for w in args.waves.split(",") if w]
     if args.sweep:
         mv.add_sweep()
     report = {"device": name, "l2_bytes": l2, "ceiling_Bps": CEILING, "reps": args.reps,
@@ -144,20 +141,15 @@ def main() -> int:
                 if quantized:  # the same with x's quantization in front (x not shared)
                     tq = time_graph(cp, [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch) for w in ws], args.reps)
                     row["us_with_qx"] = tq * 1e6
-                # Variants (graphs without programmatic launch: what each does on its own): "pf" the
-                # CTAs' rows asked of L2 first, "wN" a grid of N CTAs an SM walking the shares.
-                variants = [(pf, wave) for wave in [0] + waves for pf in ([False, True] if args.prefetch else [False])
-                            if (pf or wave) and (quantized or not wave)]
-                row["variants"] = {}
-                for pf, wave in variants:
-                    tv = time_graph(cp, [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized,
-                                                             prefetch=pf, wave=wave) for w in ws], args.reps)
-                    row["variants"][("pf" if pf else "") + (f"w{wave}" if wave else "")] = tv * 1e6
+                if args.prefetch:  # a graph without programmatic launch: what the hint does on its own
+                    tp = time_graph(cp, [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized,
+                                                             prefetch=True) for w in ws], args.reps)
+                    row["us_prefetch"], row["pct_prefetch"] = tp * 1e6, 100 * moved / tp / CEILING
                 report["mmvq"].append(row)
                 print(f"mmvq    {tname:5s} {rows:6d}x{K:<5d} n={n} {t * 1e6:8.1f} us {row['GBps']:7.0f} GB/s "
                       f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else "") +
-                      "".join(f"  {k} {us:.1f} us {100 * moved / us / 1e-6 / CEILING:.1f}%"
-                              for k, us in row["variants"].items()), flush=True)
+                      (f"  prefetch {row['us_prefetch']:.1f} us {row['pct_prefetch']:.1f}%" if args.prefetch else ""),
+                      flush=True)
                 sweep = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep and quantized else ()
                 if sweep:
                     best = None

@@ -36,15 +36,6 @@ def _prefetch() -> bool:
     return pending.ready("weight_prefetch")
 
 
-MMVQ_WAVE = 8  # CTAs an SM for mmvq's grid under pending mmvq_wave (bench/kernels.py --waves decides)
-
-
-def _wave() -> int:
-    """mmvq's grid: one CTA a share of rows, or (pending: mmvq_wave) MMVQ_WAVE CTAs an SM walking
-    the shares, each CTA's start-up paid once (mmvq.cu)."""
-    return MMVQ_WAVE if pending.ready("mmvq_wave") else 0
-
-
 def key(x) -> tuple:
     return x.data.ptr, x.shape, x.dtype.char
 
@@ -61,7 +52,7 @@ class CudaMatmuls:
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     prefetch=_prefetch(), wave=_wave())
+                     prefetch=_prefetch())
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True, prefetch=_prefetch())
             return out
@@ -141,7 +132,7 @@ class CudaMatmuls:
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           prefetch=_prefetch(), wave=_wave())
+                           prefetch=_prefetch())
                 outs += group
         return outs
 

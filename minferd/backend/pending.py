@@ -21,9 +21,6 @@ PATHS: dict[str, str] = {
                        "pdl_enter, while the node before them runs (pdl.cuh prefetch_rows_l2): test_mmvq.py "
                        "test_prefetch_changes_nothing, test_tcgemv.py test_tcgemv_prefetch_changes_nothing, "
                        "test_engine_cuda.py test_weight_prefetch_changes_no_bit",
-    "mmvq_wave": "mmvq's grid a wave of MMVQ_WAVE CTAs an SM, each walking the shares of rows with the grid's "
-                 "stride (mmvq.cu; cuda_matmul.MMVQ_WAVE): test_mmvq.py test_a_wave_walking_the_shares_is_the_same, "
-                 "test_engine_cuda.py test_mmvq_wave_changes_no_bit",
 }
 
 

@@ -154,54 +154,27 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   }
 }
 
-// Share v of a grouped launch (below): its segment's matrix and rows, and its index there.
-struct Share {
-  const u8* W;
-  int seg, nrows, bx;
-};
-__device__ __forceinline__ Share share_of(int v, const u8* W0, const u8* W1, const u8* W2, int rows0, int rows1,
-                                          int rows2, int cta1, int cta2) {
-  const int seg = v < cta1 ? 0 : (v < cta2 ? 1 : 2);
-  return {seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg, seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
-          v - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2))};
-}
-// Share v's rows (rows_per_share of them) asked of L2 (pdl.cuh's prefetch_rows_l2); none past total.
-__device__ __forceinline__ void share_prefetch(int v, int total, int rows_per_share, const u8* W0, const u8* W1,
-                                               const u8* W2, int rows0, int rows1, int rows2, int cta1, int cta2,
-                                               i64 row_bytes) {
-  if (v >= total) return;
-  const Share s = share_of(v, W0, W1, W2, rows0, rows1, rows2, cta1, cta2);
-  prefetch_rows_l2(s.W, row_bytes, s.bx * rows_per_share, min(s.nrows, (s.bx + 1) * rows_per_share), 0, row_bytes);
-}
-
 // Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
-// launch: shares [0, cta1) work on W0, [cta1, cta2) on W1, the rest (to total) on W2, a share
-// being the rows one CTA of NW warps takes. In a decode graph each launch is a node costing
-// ~2.5 us of its own, and the 512-row k/v matrices alone cannot fill the GPU. The residual (res)
-// is only for a single matrix (segment 0).
-// The grid is one CTA a share, or fewer (pending: mmvq_wave): a wave that stays resident, each
-// CTA taking shares blockIdx.x, + gridDim.x, ... so a CTA's start-up is paid once, not per 8 KB.
-// pf: a CTA asks L2 for its first share's rows before pdl_enter, and for its next share's while it
-// works on this one, so its next rows are on their way (pdl.cuh's prefetch_rows_l2).
+// launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
+// each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
+// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0). pf: the CTA's
+// rows go to L2 before pdl_enter (pdl.cuh's prefetch_rows_l2).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
      int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res, int pf, int total) {
-  if (pf) share_prefetch((int)blockIdx.x, total, NW / KW * R, W0, W1, W2, rows0, rows1, rows2, cta1, cta2, row_bytes);
+     const float* __restrict__ res, int pf) {
+  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
+  const u8* W = seg == 0 ? W0 : (seg == 1 ? W1 : W2);
+  const int nrows = seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2);
+  const int bx = blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2));
+  if (pf) prefetch_rows_l2(W, row_bytes, bx * (NW / KW) * R, min(nrows, (bx + 1) * (NW / KW) * R), 0, row_bytes);
   pdl_enter();
-  for (int v = blockIdx.x; v < total; v += gridDim.x) {
-    const Share s = share_of(v, W0, W1, W2, rows0, rows1, rows2, cta1, cta2);
-    const bool more = v + (int)gridDim.x < total;  // the same for the whole CTA
-    if (pf && more)
-      share_prefetch(v + gridDim.x, total, NW / KW * R, W0, W1, W2, rows0, rows1, rows2, cta1, cta2, row_bytes);
-    mmvq_rows<TYPE, NC, NW, KW, R, UNR>(s.W, s.nrows, s.seg == 0 ? out0 : (s.seg == 1 ? out1 : out2),
-                                        s.seg == 0 ? bias0 : (s.seg == 1 ? bias1 : bias2), s.bx, row_bytes, nb, xq,
-                                        xds, K, kbp, ncols, res);
-    if (KW > 1 && more) __syncthreads();  // mmvq_rows' shared partials are written again next round
-  }
+  mmvq_rows<TYPE, NC, NW, KW, R, UNR>(W, nrows, seg == 0 ? out0 : (seg == 1 ? out1 : out2),
+                                      seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2), bx, row_bytes, nb, xq, xds,
+                                      K, kbp, ncols, res);
 }
 
 // Mixture-of-experts decode: pick p (blockIdx.y) multiplies expert ids[p] of a stacked tensor

@@ -28,7 +28,6 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
-from .mmq_small import sm_count
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
 NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
@@ -250,7 +249,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, prefetch: bool = False, wave: int = 0) -> None:
+         bias=None, residual=None, split_k: bool = False, prefetch: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -259,12 +258,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
     FLOAT_SPLIT_KW warps a row. prefetch: each CTA asks L2 for its rows before it waits on the
-    node before it (pdl.cuh's prefetch_rows_l2; the same results). wave: quantized weights only,
-    see mmvq_group."""
+    node before it (pdl.cuh's prefetch_rows_l2; the same results)."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, prefetch=prefetch, wave=wave)
+                   biases=[bias], residual=residual, prefetch=prefetch)
         return
     _check_x(x)
     n, K = x.shape
@@ -285,21 +283,16 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
 
 
 MAX_GROUP = 3
-MAX_WAVE = 32  # CTAs an SM can hold at most (sm_90)
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, prefetch: bool = False, wave: int = 0) -> None:
+               biases=None, residual=None, prefetch: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
-    with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    wave: 0, one CTA a share of rows; else at most `wave` CTAs an SM, each walking shares with the
-    grid's stride (mmvq.cu; the same results). prefetch: see mmvq."""
+    with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
-    if not 0 <= wave <= MAX_WAVE:
-        raise ValueError(f"mmvq: wave of {wave} CTAs an SM, expected 0..{MAX_WAVE}")
     if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
         raise ValueError(f"mmvq_group: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
     biases = list(biases or [None] * len(ws))
@@ -329,10 +322,8 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     nw, kw, r, _ = cfg
     per_cta = nw // kw * r
     ctas = [(m + per_cta - 1) // per_cta for m in rows]
-    total = sum(ctas)
-    if total == 0:
+    if sum(ctas) == 0:
         return
-    grid = min(total, wave * sm_count(x.device.id)) if wave else total
     pad = MAX_GROUP - len(ws)
     W = list(ws) + [ws[-1]] * pad
     R = rows + [0] * pad
@@ -342,7 +333,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     p = scratch.data.ptr
     with _stream(stream):
         _fn(kernel_name(qt, nc, cfg))(
-            (grid,), (nw * 32,),
+            (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), np.int32(prefetch), np.int32(total)))
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), np.int32(prefetch)))

@@ -103,32 +103,6 @@ def test_prefetch_changes_nothing(name, n, to_device):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
-@pytest.mark.parametrize("config", [None, (4, 1, 2, 1)])  # the type's default ("mid": K split over warps) and one warp a row group
-def test_a_wave_walking_the_shares_is_the_same(name, config, to_device):
-    """mmvq's grid as a wave of 1 or 3 CTAs an SM, each walking shares of rows with the grid's
-    stride (1000 + 37 + 1201 rows: several shares a CTA, across the three matrices' bounds), with
-    and without the prefetch of each next share: the bits of one CTA a share. What lets
-    backend/pending.py's mmvq_wave on."""
-    qt = TYPES[name]
-    if config:
-        mv.add_configs([(name, 1, config), (name, 8, config)])
-    rng = np.random.default_rng(90 + qt.ggml_id)
-    K = qt.block_elems * 7
-    ws = [to_device(random_blocks(qt, rows, K, rng)) for rows in (1000, 37, 1201)]
-    for n in (1, 8):
-        x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
-        got = {}
-        for wave, pf in ((0, False), (1, False), (3, False), (1, True), (3, True)):
-            outs = [poisoned((n, w.shape[0]), cp.float32) for w in ws]
-            mv.mmvq_group(qt, ws, x, outs, config=config, wave=wave, prefetch=pf)
-            got[wave, pf] = outs
-        for key, outs in got.items():
-            assert all(cp.array_equal(a, b) for a, b in zip(outs, got[0, False])), f"{name} n={n} wave, prefetch {key}"
-    with pytest.raises(ValueError, match="wave of 33 CTAs an SM"):
-        mv.mmvq_group(qt, ws[:1], x, [cp.empty((8, 1000), cp.float32)], wave=33)
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
 def test_mmvq_every_config(name, to_device):
     """Every kernel variant the sweep may pick as a default, at a shape that leaves partial
     row groups and units past the row's end (37 rows of 7 blocks), starting on an odd block."""

@@ -22,7 +22,7 @@ SOURCES = sorted(DIR.glob("*.cu")) + sorted(DIR.glob("*.cuh"))
 # Before pdl_enter: `const int` / `const u8*` index arithmetic on arguments and blockIdx (no
 # loads: no `[`, no `*` dereference, no __ldg), and `if (pf) <a prefetch call>`.
 _INDEX = re.compile(r"const (int|u8\*) \w+ = [\w\s.()+\-*/?:<=>,]+")
-_PREFETCH = re.compile(r"if \(pf\) (prefetch_rows_l2|tc_prefetch|share_prefetch)\([\w\s.()+\-*/,]+\)")
+_PREFETCH = re.compile(r"if \(pf\) (prefetch_rows_l2|tc_prefetch)\([\w\s.()+\-*/,]+\)")
 
 
 def _is_index(statement: str) -> bool:
