@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-
 # (rows, K) of each model's matrices: q/o, k/v, gate/up, down, the output
 MODEL_SHAPES = {"7b": [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944), (152064, 3584)],
                 "0.5b": [(896, 896), (128, 896), (4864, 896), (896, 4864), (151936, 896)],
@@ -83,8 +82,6 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--models", default="7b", help=f"shape sets, of {', '.join(MODEL_SHAPES)}")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--prefetch", action="store_true",
-                    help="also time each mat-vec with its CTAs' rows asked of L2 first (mmvq prefetch=True)")
     ap.add_argument("--no-dequant", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -141,15 +138,9 @@ def main() -> int:
                 if quantized:  # the same with x's quantization in front (x not shared)
                     tq = time_graph(cp, [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch) for w in ws], args.reps)
                     row["us_with_qx"] = tq * 1e6
-                if args.prefetch:  # a graph without programmatic launch: what the hint does on its own
-                    tp = time_graph(cp, [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized,
-                                                             prefetch=True) for w in ws], args.reps)
-                    row["us_prefetch"], row["pct_prefetch"] = tp * 1e6, 100 * moved / tp / CEILING
                 report["mmvq"].append(row)
                 print(f"mmvq    {tname:5s} {rows:6d}x{K:<5d} n={n} {t * 1e6:8.1f} us {row['GBps']:7.0f} GB/s "
-                      f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else "") +
-                      (f"  prefetch {row['us_prefetch']:.1f} us {row['pct_prefetch']:.1f}%" if args.prefetch else ""),
-                      flush=True)
+                      f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else ""), flush=True)
                 sweep = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep and quantized else ()
                 if sweep:
                     best = None

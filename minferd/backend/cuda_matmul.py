@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -25,15 +25,6 @@ from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quan
 from minferd.kernels.tiles import gemm_tiles
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
-
-
-def _prefetch() -> bool:
-    """Mat-vec CTAs ask L2 for all their weights at once, before they wait on the node before
-    them (pdl.cuh's prefetch_rows_l2; pending: weight_prefetch): in a programmatic launch a CTA
-    resident early streams them while that node runs, and in any launch a CTA's rows are all
-    in flight from its start, not a step of each warp's at a time. Read per launch: tests
-    switch it."""
-    return pending.ready("weight_prefetch")
 
 
 def key(x) -> tuple:
@@ -51,10 +42,9 @@ class CudaMatmuls:
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
-                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     prefetch=_prefetch())
+                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual)
             else:  # float weights: a router's few rows split K over warps
-                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True, prefetch=_prefetch())
+                mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
         out = cp.empty((n, w.n_rows), cp.float32)
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
@@ -63,8 +53,7 @@ class CudaMatmuls:
             if kernel == "small":
                 mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
             else:
-                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config,
-                              prefetch=_prefetch())
+                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -131,8 +120,7 @@ class CudaMatmuls:
                     continue
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
-                           x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           prefetch=_prefetch())
+                           x_quantized=True, biases=[None if b is None else b.data for _, b in part])
                 outs += group
         return outs
 

@@ -15,13 +15,11 @@ from minferd.config import valve
 # norm_rope and glu_ids (their tests passed): each lost decode speed, so three went and norm_rope
 # stays for prefills only (cuda_ops.NORM_ROPE_MIN_ROWS), where it won (NOTES). Session 17 saw
 # router_split, warp_topk, grouped_bias and oai_f16 pass and win, and took them out; wide_norm
-# passed but cost the dense models' decode (0.5B -11%, 7B -4%) and went.
-PATHS: dict[str, str] = {
-    "weight_prefetch": "mat-vec CTAs (mmvq, mmv_float, tcgemv) ask L2 for their share of the weights before "
-                       "pdl_enter, while the node before them runs (pdl.cuh prefetch_rows_l2): test_mmvq.py "
-                       "test_prefetch_changes_nothing, test_tcgemv.py test_tcgemv_prefetch_changes_nothing, "
-                       "test_engine_cuda.py test_weight_prefetch_changes_no_bit",
-}
+# passed but cost the dense models' decode (0.5B -11%, 7B -4%) and went. Session 18 saw
+# weight_prefetch (mat-vec CTAs asking L2 for their rows before pdl_enter) and mmvq_wave (a
+# resident wave of mat-vec CTAs walking the rows) pass and lose (7B decode 386.7 -> 338.8 tok/s
+# with the prefetch; every wave slower than a CTA a share): both went.
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

@@ -157,23 +157,20 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 // Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
 // launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
 // each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
-// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0). pf: the CTA's
-// rows go to L2 before pdl_enter (pdl.cuh's prefetch_rows_l2).
+// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
      int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res, int pf) {
-  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
-  const u8* W = seg == 0 ? W0 : (seg == 1 ? W1 : W2);
-  const int nrows = seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2);
-  const int bx = blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2));
-  if (pf) prefetch_rows_l2(W, row_bytes, bx * (NW / KW) * R, min(nrows, (bx + 1) * (NW / KW) * R), 0, row_bytes);
+     const float* __restrict__ res) {
   pdl_enter();
-  mmvq_rows<TYPE, NC, NW, KW, R, UNR>(W, nrows, seg == 0 ? out0 : (seg == 1 ? out1 : out2),
-                                      seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2), bx, row_bytes, nb, xq, xds,
+  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
+  mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
+                                      seg == 0 ? out0 : (seg == 1 ? out1 : out2),
+                                      seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
+                                      blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds,
                                       K, kbp, ncols, res);
 }
 
@@ -295,9 +292,7 @@ __device__ __forceinline__ void mmv_float_rows(const u8* __restrict__ W, i64 row
 template <int TYPE, int NC, int VEC, int KW = 1>
 __global__ void __launch_bounds__(128)
 mmv_float(const u8* __restrict__ W, i64 row_bytes, int nrows, int K, const float* __restrict__ x,
-          int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res, int pf) {
-  const int r0 = (int)blockIdx.x * (4 / KW);
-  if (pf) prefetch_rows_l2(W, row_bytes, r0, min(nrows, r0 + 4 / KW), 0, row_bytes);
+          int ncols, float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
   pdl_enter();
   mmv_float_rows<TYPE, NC, VEC, KW>(W, row_bytes, nrows, K, x, ncols, out, bias, res);
 }

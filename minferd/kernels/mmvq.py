@@ -249,7 +249,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, prefetch: bool = False) -> None:
+         bias=None, residual=None, split_k: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -257,12 +257,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row. prefetch: each CTA asks L2 for its rows before it waits on the
-    node before it (pdl.cuh's prefetch_rows_l2; the same results)."""
+    FLOAT_SPLIT_KW warps a row."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, prefetch=prefetch)
+                   biases=[bias], residual=residual)
         return
     _check_x(x)
     n, K = x.shape
@@ -279,14 +278,14 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     with _stream(stream):
         _fn(_float_name(qt, bucket(n), vec, kw))(((rows + per_cta - 1) // per_cta,), (128,),
                                              (w, np.int64(rb), np.int32(rows), np.int32(K), x, np.int32(n), out,
-                                              _ptr(bias), _ptr(residual), np.int32(prefetch)))
+                                              _ptr(bias), _ptr(residual)))
 
 
 MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, prefetch: bool = False) -> None:
+               biases=None, residual=None) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix."""
@@ -336,4 +335,4 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), np.int32(prefetch)))
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))

@@ -144,13 +144,6 @@ __device__ __forceinline__ int acc_token(int n, int e) {
   return 8 * n + 2 * (threadIdx.x & 3) + (e & 1);
 }
 
-// pf: the CTA's rows' blocks of its split go to L2 before pdl_enter (pdl.cuh's prefetch_rows_l2).
-__device__ __forceinline__ void tc_prefetch(const u8* W, i64 row_bytes, int nb, int N, int bps, int rows_per_cta) {
-  const i64 bb = row_bytes / nb;
-  const int r0 = (int)blockIdx.x * rows_per_cta, b0 = (int)blockIdx.y * bps;
-  prefetch_rows_l2(W, row_bytes, r0, min(N, r0 + rows_per_cta), b0 * bb, min(nb, b0 + bps) * bb);
-}
-
 // part == nullptr: one split, out gets bias and residual; else part[z][m][n] (mmq_small's split_sum
 // adds them: a last-CTA reduction in the kernel, tried, was latency-bound on one CTA's 128 threads
 // and took 3584 x 3584 at 16 tokens from 11 to 18 us).
@@ -158,8 +151,7 @@ template <int TYPE, int NT8, int RT, int KW, int PF>
 __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
        float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
-       float* __restrict__ part, int pf) {
-  if (pf) tc_prefetch(W, row_bytes, nb, N, bps, 16 * RT * KW);
+       float* __restrict__ part) {
   pdl_enter();
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
   const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
@@ -204,8 +196,7 @@ __device__ __forceinline__ float ld_cluster(u32 local, u32 rank) {
 template <int TYPE, int NT8, int RT, int KW, int PF, int CL>
 __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(KW * 32)
 tcgemv_cl(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
-          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res, int pf) {
-  if (pf) tc_prefetch(W, row_bytes, nb, N, bps, 16 * RT * KW);
+          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
   pdl_enter();
   constexpr int NE = RT * NT8 * 4, NTH = KW * 32;
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS], then this CTA's sums [NE][NTH] (f32)

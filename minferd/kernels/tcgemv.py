@@ -126,15 +126,13 @@ def scratch_bound(widest: int) -> int:
     return MAX_PART_BYTES
 
 
-def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG,
-           prefetch: bool = False) -> None:
+def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
     x16: cupy f16 (M, K) C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
-    config: a CONFIGS key (benchmarks and tests); prefetch: each CTA asks L2 for its share of w
-    before it waits on the node before it (pdl.cuh's prefetch_rows_l2; the same results)."""
+    config: a CONFIGS key (benchmarks and tests)."""
     qt = _qt(qt)
     if config not in CONFIGS:
         raise ValueError(f"tcgemv: unknown config {config!r}")
@@ -165,10 +163,9 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     with _stream(stream):
         if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
             assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
-            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args + (np.int32(prefetch),), shared_mem=smem)
+            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args, shared_mem=smem)
             return
         part = partials("tcgemv", part, need) if need else None
-        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part), np.int32(prefetch)),
-                                              shared_mem=smem)
+        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part),), shared_mem=smem)
         if need:
             split_sum(part, s, M, N, bias, residual, out)

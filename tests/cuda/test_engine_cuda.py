@@ -79,22 +79,6 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
-# The MoE at one row only: its decode steps of 9-256 rows run eagerly (CudaBackend.graph_safe).
-@pytest.mark.parametrize("arch,quant,B", [(a, q, B) for a, q in [("qwen2", "q4_k"), ("llama", "q6_k"), ("qwen2", "q8_0")]
-                                          for B in (1, 16)] + [("qwen3moe", "q4_k", 1)])
-def test_weight_prefetch_changes_no_bit(synth_model, arch, quant, B, monkeypatch):
-    """Decode graphs (programmatic launch on) whose mat-vecs ask L2 for their weights before
-    pdl_enter replay to the same bits as without: mmvq at 1 row, tcgemv at 16, an MoE's float
-    router through mmv_float: what lets backend/pending.py's weight_prefetch on."""
-    from minferd.backend import pending
-    monkeypatch.setenv("MINFERD_PDL", "64")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"weight_prefetch"} if on else pending.WAITING | {"weight_prefetch"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a

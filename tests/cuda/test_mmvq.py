@@ -76,32 +76,6 @@ def test_float_split_k_is_the_reference(name, rows, K, n, to_device):
     assert rel_err(got, want) < 1e-4, f"{name} {rows}x{K} n={n}"
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("n", [1, 8])
-def test_prefetch_changes_nothing(name, n, to_device):
-    """prefetch (each CTA asks L2 for its rows before pdl_enter) gives the same bits, for a group
-    of three matrices of 67, 5 and 130 rows (partial last CTAs) starting at an odd block, and for
-    float weights with and without the K split: what lets backend/pending.py's weight_prefetch on."""
-    qt = TYPES[name]
-    rng = np.random.default_rng(80 + qt.ggml_id + n)
-    K = qt.block_elems * 7 if qt.is_quantized else 1024
-    raws = [random_blocks(qt, rows + 1, K, rng) for rows in (67, 5, 130)]
-    ws = [to_device(raw, qt.block_bytes if qt.is_quantized else 0)[1:] for raw in raws]
-    x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
-    if qt.is_quantized:
-        got = []
-        for pf in (False, True):
-            outs = [poisoned((n, w.shape[0]), cp.float32) for w in ws]
-            mv.mmvq_group(qt, ws, x, outs, prefetch=pf)
-            got.append(outs)
-        assert all(cp.array_equal(a, b) for a, b in zip(*got)), name
-        return
-    for w in ws:
-        for split in (False, True):
-            a, b = (run(qt, w, cp.asnumpy(x), split_k=split, prefetch=pf) for pf in (False, True))
-            assert cp.array_equal(a, b), f"{name} rows={w.shape[0]} split_k={split}"
-
-
 @pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
 def test_mmvq_every_config(name, to_device):
     """Every kernel variant the sweep may pick as a default, at a shape that leaves partial
