@@ -25,19 +25,24 @@ from tests.unit.test_engine import all_at_once, prompts  # noqa: E402 (the CPU t
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 
-@pytest.mark.parametrize("path", ["w16", "mmq"])
-@pytest.mark.parametrize("B", [1, 3, 8, 13, 40])
-def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
-    lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=256)
+def prefilled(model_file, path: str, B: int):
+    """(model, backend, cache, step): B sequences of two distinct blocks each, their keys filled by a
+    prefill of their own tokens, and the next decode step of each (one token)."""
+    lm = load_local(model_file, path, device="cuda", ctx=256)
     m, be = lm.model, lm.model.be
     cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)  # two blocks a sequence, and the padding block
     rng = np.random.default_rng(B)
-    tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]  # two blocks each, distinct
+    tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]
     lens = rng.integers(1, 60, B)
-    # Fill every sequence's keys with a prefill of its own tokens.
-    pre = Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32)
-    m.forward_batch(pre, cache)
+    m.forward_batch(Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32), cache)
     step = [([int(rng.integers(0, 1000))], int(n), t) for n, t in zip(lens, tables)]
+    return m, be, cache, step
+
+
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+@pytest.mark.parametrize("B", [1, 3, 8, 13, 40])
+def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
+    m, be, cache, step = prefilled(str(synth_model("qwen2", "q4_k")), path, B)
     eager = be.to_host(m.forward_batch(Batch.build(step, 32, width=8), cache))
     graph = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
     again = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))  # a replay
@@ -53,14 +58,7 @@ def test_decode_graph_of_a_bucket_equals_the_eager_pass(synth_model, B, path):
 def decode_step(model_file, path: str, B: int):
     """The logits of one decode step of B sequences (after a prefill of each) through a fresh
     backend's decode graph: a graph captured under the environment as it is now."""
-    lm = load_local(model_file, path, device="cuda", ctx=256)
-    m, be = lm.model, lm.model.be
-    cache = m.new_cache(be.untracked(), (2 * B + 1) * 32)
-    rng = np.random.default_rng(B)
-    tables = [list(range(i * 2, i * 2 + 2)) for i in range(B)]
-    lens = rng.integers(1, 60, B)
-    m.forward_batch(Batch.build([(rng.integers(0, 1000, int(n)).tolist(), 0, t) for n, t in zip(lens, tables)], 32), cache)
-    step = [([int(rng.integers(0, 1000))], int(n), t) for n, t in zip(lens, tables)]
+    m, be, cache, step = prefilled(model_file, path, B)
     out = be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
     assert not any(g.eager for g in be.graphs.values())
     return out

@@ -63,7 +63,7 @@ def test_mmvq_long_rows(name, to_device):
 def test_float_split_k_is_the_reference(name, rows, K, n, to_device):
     """mmv_float with K split over FLOAT_SPLIT_KW warps a row (split_k: an MoE router's few rows;
     257 rows and K = 60, not 8-aligned, take one warp a row instead) against the f64 reference, bias and
-    residual in its epilogue, every row written: what lets backend/pending.py's router_split on."""
+    residual in its epilogue, every row written: the path an MoE's router takes."""
     qt = TYPES[name]
     rng = np.random.default_rng(rows + K + n)
     raw = random_blocks(qt, rows, K, rng)
