@@ -41,10 +41,13 @@ SHARED_GEN_TOKENS = 8  # that scenario measures TTFT: a few tokens are enough
 OPEN_CHANNELS: set[grpc.Channel] = set()  # closed on any exit: that cancels their calls, so the daemon drains at once
 
 
+CHANNEL_OPTIONS = channel_options()  # --grpc-channel: () (grpc's own reader thread)
+
+
 def channel(address: str) -> grpc.Channel:
     # A local subchannel pool gives each client its own connection, as separate processes would have;
     # streams read on the calling thread, as minferd's Client reads them (client.channel_options).
-    ch = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *channel_options()])
+    ch = grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *CHANNEL_OPTIONS])
     OPEN_CHANNELS.add(ch)
     return ch
 
@@ -208,7 +211,12 @@ def main(argv=None) -> int:
     ap.add_argument("--address", default=None, help="use this running daemon instead of starting one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline of each call, seconds")
+    ap.add_argument("--grpc-channel", action="store_true",
+                    help="clients read their streams through grpc's default channel, not minferd's channel_options()")
     args = ap.parse_args(argv)
+    if args.grpc_channel:
+        global CHANNEL_OPTIONS
+        CHANNEL_OPTIONS = ()
     clients = [int(c) for c in args.clients.split(",")]
     longest = max(args.prompt_tokens, args.shared_prefix + SUFFIX_TOKENS if args.shared_prefix else 0)
     ctx = args.ctx or -(-(longest + args.gen_tokens) // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
@@ -244,7 +252,9 @@ def main(argv=None) -> int:
         res = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "model": str(args.model.resolve()), "ctx": ctx, "kv_tokens": kv_tokens,
                "device": stub.GetStatus(pb2.GetStatusRequest(), timeout=30).pool.device,
-               "engine_at_load": engine_now(stub), "channels": "one per client (own connection)", "rounds": []}
+               "engine_at_load": engine_now(stub), "rounds": [],
+               "channels": "one per client (own connection), "
+                           + ("grpc's default" if args.grpc_channel else "channel_options()")}
         for n in clients:
             res["rounds"].append(run_round(address, stub, [rand(args.prompt_tokens) for _ in range(n)], args))
         if args.shared_prefix:

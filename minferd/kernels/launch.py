@@ -111,6 +111,12 @@ class Kernel:
         """The CUfunction: CuPy's RawModule hands out RawKernels, whose .kernel is the Function."""
         return getattr(self.fn, "kernel", self.fn).ptr
 
+    def ctas_per_sm(self, threads: int, shared_mem: int = 0) -> int:
+        """CTAs of this kernel one SM holds at `threads` a CTA (CUDA's occupancy calculator):
+        what a grid's waves are counted in (bench/tc_splits.py)."""
+        from cupy_backends.cuda.api import driver
+        return driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function_ptr(), threads, shared_mem)
+
     def _launch_programmatic(self, grid, block, args, shared_mem):
         import cupy as cp
         grid, block = (grid + (1, 1))[:3], (block + (1, 1))[:3]

@@ -126,13 +126,21 @@ def scratch_bound(widest: int) -> int:
     return MAX_PART_BYTES
 
 
-def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG) -> None:
+def ctas_per_sm(qt, M: int, config: str = CONFIG) -> int:
+    """CTAs of the config's kernel for M tokens one SM holds (registers and the x buffers)."""
+    qt = _qt(qt)
+    return _fn(kernel_name(qt, M, config), smem_bytes(M)).ctas_per_sm(32 * CONFIGS[config][0], smem_bytes(M))
+
+
+def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG,
+           split: int | None = None) -> None:
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
     x16: cupy f16 (M, K) C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
-    config: a CONFIGS key (benchmarks and tests)."""
+    config: a CONFIGS key, split: the K splits instead of splits()'s (benchmarks and tests; a
+    cluster config takes 1 or a cluster size)."""
     qt = _qt(qt)
     if config not in CONFIGS:
         raise ValueError(f"tcgemv: unknown config {config!r}")
@@ -153,8 +161,12 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
         return
     import cupy
     nb = K // qt.block_elems
-    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
+    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config) if split is None else split
+    if not 1 <= s <= nb or (clustered_at(M, K, config) and s not in (1,) + CLUSTERS):
+        raise ValueError(f"tcgemv: {s} K splits for {nb} blocks under config {config!r}")
     kw, cluster = CONFIGS[config][0], clustered_at(M, K, config) and s > 1
+    if not cluster:
+        s = -(-nb // -(-nb // s))  # no split empty
     need = 0 if s == 1 or cluster else s * M * N * 4
     smem = smem_bytes(M)
     cols = -(-N // rows_per_cta(M, qt, config))

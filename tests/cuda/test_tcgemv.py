@@ -153,3 +153,34 @@ def test_every_config(name, config, M, to_device):
     x = rng.standard_normal((M, K)).astype(np.float32)
     err = rel_err(run(qt, to_device(raw), x, config=config), reference(qt, raw, x))
     assert err < TOL, f"{name} {config} M={M}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_any_split_count(name, to_device):
+    """The K splits a caller names (bench/tc_splits.py sweeps them) give the reference's products
+    from one split to one a block, through partials and through clusters; a count the launch
+    cannot take is refused by name before anything runs."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(qt.ggml_id)
+    nb = 9 if qt.block_elems == 256 else 72
+    K = blocks(qt, nb)
+    raw = random_blocks(qt, 90, K, rng)
+    w, x = to_device(raw), rng.standard_normal((16, K)).astype(np.float32)
+    ref = reference(qt, raw, x)
+    for config, counts in (("base", (1, 2, 5, nb)), ("cl", (1, 2, 4, 8))):
+        for s in counts:
+            err = rel_err(run(qt, w, x, config=config, split=s), ref)
+            assert err < TOL, f"{name} {config} {s} splits: rel err {err:.2e}"
+    for config, s in (("base", 0), ("base", nb + 1), ("cl", 3)):
+        with pytest.raises(ValueError, match=f"{s} K splits for {nb} blocks"):
+            run(qt, w, x, config=config, split=s)
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_an_sm_holds_the_ctas_splits_aims_at(M):
+    """splits() sizes the grid for CONFIGS[config][3] CTAs an SM; the 16- and 32-token kernels of
+    the types a dense model's big matrices use must fit that many (registers grow with a decoder
+    change, and the grid would then run in more waves than it was sized for)."""
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        held = tc.ctas_per_sm(TYPES[name], M)
+        assert held >= tc.CONFIGS[tc.CONFIG][3], f"{name} M={M}: an SM holds {held} CTAs"
