@@ -23,6 +23,7 @@
 // The f16 elements of x a staged row holds: 256 of K (one Q4_K / Q6_K block, eight Q8_0 blocks)
 // and a pad that keeps the 8 token rows a B load reads on distinct banks (16-byte loads:
 // a row is 36 16-byte units, = 4 mod 8; 8-byte loads: 136 words, = 8 mod 32).
+__host__ __device__ constexpr int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 template <typename T> __host__ __device__ constexpr int stage_row() { return 256 + (T::XPAIR ? 32 : 16); }
 
 // Grid (ceil(N / (16 RT KW)), splits); a CTA is KW warps, warp w owning the 16 RT rows at
@@ -72,7 +73,8 @@ __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes,
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.f;
 
-  T w[PF + 1][RT][2];  // w[0]: the block being decoded, w[i]: i ahead
+  constexpr int R = PF + 1, L = SB * R / gcd(SB, R);
+  T w[R][RT][2];
   auto fetch = [&](T (&dst)[RT][2], int b) {
 #pragma unroll
     for (int t = 0; t < RT; ++t)
@@ -83,29 +85,32 @@ __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes,
   for (int i = 0; i < PF; ++i)
     if (b0 + i < b1) fetch(w[i], b0 + i);
   stage(0, b0);
-  for (int bs = b0, si = 0; bs < b1; bs += SB, ++si) {
-    if (bs + SB < b1) stage((si + 1) & 1, bs + SB);
-    else cp_commit();  // an empty group: wait_group 1 below still means this stage's copy
-    cp_wait<1>();
-    __syncthreads();
-    const u16* xb = xs + (si & 1) * TOK * XS;
+  for (int bb = b0; bb < b1; bb += L) {
 #pragma unroll
-    for (int u = 0; u < SB; ++u) {
-      const int b = bs + u;
+    for (int r = 0; r < L; ++r) {
+      const int b = bb + r, u = r % SB, si = (bb - b0) / SB + r / SB;
       if (b >= b1) break;
-      if (b + PF < b1) fetch(w[PF], b + PF);
+      if (u == 0) {  // a stage's first block: its x must have landed, the next stage's goes out
+        if (b + SB < b1) stage((si + 1) & 1, b + SB);
+        else cp_commit();  // an empty group: wait_group 1 below still means this stage's copy
+        cp_wait<1>();
+        __syncthreads();
+      }
+      if (b + PF < b1) fetch(w[(r + PF) % R], b + PF);
+      T (&cur)[RT][2] = w[r % R];
+      const u16* xb = xs + (si & 1) * TOK * XS;
       uint4 xq[NT8];  // XPAIR: steps k, k + 1's B registers from one load
 #pragma unroll
       for (int k = 0; k < T::STEPS; ++k) {
         if (k == 0) {
 #pragma unroll
-          for (int t = 0; t < RT; ++t) w[0][t][0].prep(), w[0][t][1].prep();
+          for (int t = 0; t < RT; ++t) cur[t][0].prep(), cur[t][1].prep();
         }
         u32 a[RT][4];
 #pragma unroll
         for (int t = 0; t < RT; ++t) {
-          w[0][t][0].frag(k, a[t][0], a[t][2]);
-          w[0][t][1].frag(k, a[t][1], a[t][3]);
+          cur[t][0].frag(k, a[t][0], a[t][2]);
+          cur[t][1].frag(k, a[t][1], a[t][3]);
         }
         const int xo = u * T::QK + T::xoff(k, c);
 #pragma unroll
@@ -123,14 +128,9 @@ __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes,
           for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], f0, f1);
         }
       }
-#pragma unroll
-      for (int i = 0; i < PF; ++i)
-#pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) w[i][t][h] = w[i + 1][t][h];
+      if (u == SB - 1 || b == b1 - 1)
+        __syncthreads();  // a stage's last block: the next stage() overwrites the buffer read two stages back
     }
-    __syncthreads();  // the next iteration's stage() overwrites the buffer read two stages back
   }
 
 }
