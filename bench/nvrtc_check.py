@@ -41,8 +41,9 @@ def _lib():
     sys.exit(3)
 
 
-def compile_module(lib, name: str, exprs=(), opts=()) -> int:
-    path = DIR / f"{name}.cu"
+def compile_program(lib, path: Path, exprs=(), opts=(), include: Path = DIR) -> tuple[int, str, bytes, dict]:
+    """NVRTC on the .cu file at path (its headers from include): status, log, the sm_90 cubin, and
+    each name expression's lowered (mangled) name."""
     code = (f'#line 1 "{path}"\n' + path.read_text()).encode()
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), code, str(path).encode(), 0, None, None) == 0
@@ -52,16 +53,32 @@ def compile_module(lib, name: str, exprs=(), opts=()) -> int:
     # wheel's, or a local toolkit's.
     heads = [p for s in sys.path for p in glob.glob(f"{s}/nvidia/cu13/include") if os.path.exists(f"{p}/cuda_fp16.h")]
     inc = [f"-I{d}".encode() for d in (heads + sorted(glob.glob("/usr/local/cuda*/include")))[:1]]
-    o = [b"-std=c++17", f"-I{DIR}".encode(), b"-arch=sm_90"] + inc + [x.encode() for x in opts]
-    t = time.time()
+    o = [b"-std=c++17", f"-I{include}".encode(), b"-arch=sm_90"] + inc + [x.encode() for x in opts]
     rc = lib.nvrtcCompileProgram(prog, len(o), (ctypes.c_char_p * len(o))(*o))
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
     log = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetProgramLog(prog, log)
+    cubin, lowered = b"", {}
+    if rc == 0:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        cubin = buf.raw
+        for e in exprs:
+            name = ctypes.c_char_p()
+            if lib.nvrtcGetLoweredName(prog, e.encode(), ctypes.byref(name)) == 0:
+                lowered[name.value.decode()] = e
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, log.value.decode(errors="replace"), cubin, lowered
+
+
+def compile_module(lib, name: str, exprs=(), opts=()) -> int:
+    t = time.time()
+    rc, log, _, _ = compile_program(lib, DIR / f"{name}.cu", exprs, opts)
     print(f"{name}: {'ok' if rc == 0 else 'FAILED'} in {time.time() - t:.1f} s, {len(exprs)} name expressions")
-    if log.value.strip():
-        print(log.value.decode()[:int(os.environ.get("NVRTC_LOG_CHARS", 6000))])
+    if log.strip():
+        print(log[:int(os.environ.get("NVRTC_LOG_CHARS", 6000))])
     return rc
 
 

@@ -23,7 +23,6 @@
 // The f16 elements of x a staged row holds: 256 of K (one Q4_K / Q6_K block, eight Q8_0 blocks)
 // and a pad that keeps the 8 token rows a B load reads on distinct banks (16-byte loads:
 // a row is 36 16-byte units, = 4 mod 8; 8-byte loads: 136 words, = 8 mod 32).
-__host__ __device__ constexpr int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 template <typename T> __host__ __device__ constexpr int stage_row() { return 256 + (T::XPAIR ? 32 : 16); }
 
 // Grid (ceil(N / (16 RT KW)), splits); a CTA is KW warps, warp w owning the 16 RT rows at
@@ -73,63 +72,95 @@ __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes,
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.f;
 
-  constexpr int R = PF + 1, L = SB * R / gcd(SB, R);
-  T w[R][RT][2];
+  T w[PF + 1][RT][2];  // PF + 1 blocks in registers: the one being decoded and PF ahead
   auto fetch = [&](T (&dst)[RT][2], int b) {
 #pragma unroll
     for (int t = 0; t < RT; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) dst[t][h].fetch(rp[t][h] + (i64)b * T::BB, c);
   };
+  // Block cur, the u-th of its stage (x in buffer xb), into acc.
+  auto decode = [&](T (&cur)[RT][2], const u16* xb, int u) {
+    uint4 xq[NT8];  // XPAIR: steps k, k + 1's B registers from one load
+#pragma unroll
+    for (int k = 0; k < T::STEPS; ++k) {
+      if (k == 0) {
+#pragma unroll
+        for (int t = 0; t < RT; ++t) cur[t][0].prep(), cur[t][1].prep();
+      }
+      u32 a[RT][4];
+#pragma unroll
+      for (int t = 0; t < RT; ++t) {
+        cur[t][0].frag(k, a[t][0], a[t][2]);
+        cur[t][1].frag(k, a[t][1], a[t][3]);
+      }
+      const int xo = u * T::QK + T::xoff(k, c);
+#pragma unroll
+      for (int n = 0; n < NT8; ++n) {
+        const u16* xp = xb + (8 * n + g) * XS + xo;
+        u32 f0, f1;
+        if constexpr (T::XPAIR) {
+          if ((k & 1) == 0) xq[n] = *reinterpret_cast<const uint4*>(xp);
+          f0 = (k & 1) ? xq[n].z : xq[n].x;
+          f1 = (k & 1) ? xq[n].w : xq[n].y;
+        } else {
+          x_frag(xp, f0, f1);
+        }
+#pragma unroll
+        for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], f0, f1);
+      }
+    }
+  };
+  // Stage si's x must have landed before its first block; the next stage's copy goes out first.
+  auto enter_stage = [&](int bs, int si) {
+    if (bs + SB < b1) stage((si + 1) & 1, bs + SB);
+    else cp_commit();  // an empty group: wait_group 1 below still means this stage's copy
+    cp_wait<1>();
+    __syncthreads();
+  };
 #pragma unroll
   for (int i = 0; i < PF; ++i)
     if (b0 + i < b1) fetch(w[i], b0 + i);
   stage(0, b0);
-  for (int bb = b0; bb < b1; bb += L) {
+  if constexpr (SB == 1) {
+    // 256-element blocks (one a stage): a ring, block b in w[(b - b0) % R], the loop R blocks a
+    // trip, unrolled, so every ring index is a compile-time constant and block b + PF's loads go
+    // straight into the registers it will be decoded from. Turned by copies (w[0] = w[1] after
+    // each block, below) the compiler hoisted those moves to the middle of the block, where each
+    // waited for loads issued ~180 instructions before (ncu's largest stall: long-scoreboard);
+    // the ring took Q4_K 6-20% faster at 16-64 tokens, Q6_K level (bench/NOTES.md, session 19).
+    constexpr int R = PF + 1;
+    for (int bb = b0; bb < b1; bb += R) {
 #pragma unroll
-    for (int r = 0; r < L; ++r) {
-      const int b = bb + r, u = r % SB, si = (bb - b0) / SB + r / SB;
-      if (b >= b1) break;
-      if (u == 0) {  // a stage's first block: its x must have landed, the next stage's goes out
-        if (b + SB < b1) stage((si + 1) & 1, b + SB);
-        else cp_commit();  // an empty group: wait_group 1 below still means this stage's copy
-        cp_wait<1>();
-        __syncthreads();
+      for (int r = 0; r < R; ++r) {
+        const int b = bb + r, si = (bb - b0) + r;
+        if (b >= b1) break;
+        enter_stage(b, si);
+        if (b + PF < b1) fetch(w[(r + PF) % R], b + PF);
+        decode(w[r], xs + (si & 1) * TOK * XS, 0);
+        __syncthreads();  // the next stage() overwrites the buffer read two stages back
       }
-      if (b + PF < b1) fetch(w[(r + PF) % R], b + PF);
-      T (&cur)[RT][2] = w[r % R];
+    }
+  } else {
+    // Smaller blocks, SB of them a stage: turned by copies (a ring for these, a stage a trip, took
+    // Q8_0 up to 40% slower at 32 tokens).
+    for (int bs = b0, si = 0; bs < b1; bs += SB, ++si) {
+      enter_stage(bs, si);
       const u16* xb = xs + (si & 1) * TOK * XS;
-      uint4 xq[NT8];  // XPAIR: steps k, k + 1's B registers from one load
 #pragma unroll
-      for (int k = 0; k < T::STEPS; ++k) {
-        if (k == 0) {
+      for (int u = 0; u < SB; ++u) {
+        const int b = bs + u;
+        if (b >= b1) break;
+        if (b + PF < b1) fetch(w[PF], b + PF);
+        decode(w[0], xb, u);
 #pragma unroll
-          for (int t = 0; t < RT; ++t) cur[t][0].prep(), cur[t][1].prep();
-        }
-        u32 a[RT][4];
+        for (int i = 0; i < PF; ++i)
 #pragma unroll
-        for (int t = 0; t < RT; ++t) {
-          cur[t][0].frag(k, a[t][0], a[t][2]);
-          cur[t][1].frag(k, a[t][1], a[t][3]);
-        }
-        const int xo = u * T::QK + T::xoff(k, c);
+          for (int t = 0; t < RT; ++t)
 #pragma unroll
-        for (int n = 0; n < NT8; ++n) {
-          const u16* xp = xb + (8 * n + g) * XS + xo;
-          u32 f0, f1;
-          if constexpr (T::XPAIR) {
-            if ((k & 1) == 0) xq[n] = *reinterpret_cast<const uint4*>(xp);
-            f0 = (k & 1) ? xq[n].z : xq[n].x;
-            f1 = (k & 1) ? xq[n].w : xq[n].y;
-          } else {
-            x_frag(xp, f0, f1);
-          }
-#pragma unroll
-          for (int t = 0; t < RT; ++t) mma16816(acc[t][n], a[t], f0, f1);
-        }
+            for (int h = 0; h < 2; ++h) w[i][t][h] = w[i + 1][t][h];
       }
-      if (u == SB - 1 || b == b1 - 1)
-        __syncthreads();  // a stage's last block: the next stage() overwrites the buffer read two stages back
+      __syncthreads();  // the next iteration's stage() overwrites the buffer read two stages back
     }
   }
 

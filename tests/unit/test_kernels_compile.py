@@ -44,3 +44,29 @@ def test_a_changed_header_changes_what_cupy_caches_by(tmp_path, monkeypatch):
     before = kernels._headers_digest.__wrapped__()
     (tmp_path / "a.cuh").write_text("#define X 2\n")
     assert kernels._headers_digest.__wrapped__() != before
+
+
+def sass_diff(*args):
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "sass_diff.py"), *args],
+                          capture_output=True, text=True, timeout=600, **NICE)
+
+
+def git(*args):
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def test_sass_diff_tells_an_unchanged_kernel_from_a_changed_one():
+    """bench/sass_diff.py, by which session 19 landed tcgemv's register ring without a GPU: a kernel
+    compiled from the tree and from the same source in git is the same machine code; Q4_K's
+    16-token kernel differs from the commit before the ring (8676695)."""
+    if git("diff", "--quiet", "HEAD", "--", "minferd/kernels").returncode:
+        pytest.skip("minferd/kernels has uncommitted changes: the tree is not HEAD")
+    one = r"^tcgemv_cl<12, 2, 1, 4, 1, 2>$"
+    r = sass_diff("tcgemv", "--against", "HEAD", "--match", one)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0 and "1 kernels' SASS identical, 0 changed" in r.stdout, r.stdout + r.stderr
+    if git("cat-file", "-e", "8676695~1").returncode:
+        pytest.skip("a shallow clone: no commit before the ring")
+    r = sass_diff("tcgemv", "--against", "8676695~1", "--match", one)
+    assert r.returncode == 1 and "CHANGED tcgemv_cl<12, 2, 1, 4, 1, 2>" in r.stdout, r.stdout + r.stderr
