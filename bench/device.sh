@@ -18,6 +18,8 @@
 #   small    mmq_small's and tcgemv's tests, then each timed in graphs beside cuBLAS (bench/mmq_small.py);
 #            NCU=1 adds ncu's stall reasons for tcgemv (bench/tc_once.py); CLIENTS=16,64 serve.py's
 #            rounds, once per TC_CONFIGS="base cl" (MINFERD_TCGEMV_CONFIG)
+#   tc       tcgemv alone: its tests, every K split of the 7B's shapes timed (bench/tc_splits.py; TYPES, NS,
+#            MODELS), and ncu's stall ratios on the 7B's gate matrix at 16 and 8 tokens
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
@@ -208,6 +210,20 @@ if [ "$stage" = small ]; then
         --prompt-tokens 512 --gen-tokens 128 --json "$OUT/serve${c:+-$c}.json" 2>&1 | tee -a "$OUT/serve.log" | tail -8
     done
   fi
+fi
+if [ "$stage" = tc ]; then
+  TESTS=${TESTS:-tests/cuda/test_tcgemv.py} cuda_tests ${TEST_LIMIT:-120}
+  python3 bench/tc_splits.py --types ${TYPES:-Q4_K,Q6_K,Q8_0} --models ${MODELS:-7b} --ns ${NS:-16,32} --configs auto \
+    --json "$OUT/tc_splits.json" 2>&1 | cut -c1-160 | tee "$OUT/tc_splits.log"
+  # Where the warps wait (session 19: long-scoreboard first, 3.05 of ~8.5 cycles an instruction).
+  M='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__throughput.avg.pct_of_peak_sustained_elapsed'
+  M="$M,lts__t_sector_hit_rate.pct,smsp__issue_active.avg.per_cycle_active,smsp__inst_executed.sum"
+  M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum"
+  for m in 16 8; do
+    timeout 100 ncu --clock-control none --kernel-name regex:tcgemv --metrics "$M" python3 bench/tc_once.py --m $m \
+      --configs auto > "$OUT/ncu-m$m.txt" 2>&1
+    echo "# $m tokens"; grep -E "stalled|dram|lts|issue_active|inst_exec|warps_active|duration" "$OUT/ncu-m$m.txt" | awk '$NF+0 > 0.05'
+  done
 fi
 if [ "$stage" = cold ]; then
   q7b
