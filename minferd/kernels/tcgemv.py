@@ -136,7 +136,7 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
            split: int | None = None) -> None:
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
-    qt: Q4_K, Q6_K or Q8_0; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
+    qt: a SUPPORTED type; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
     x16: cupy f16 (M, K) C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
     config: a CONFIGS key, split: the K splits instead of splits()'s (benchmarks and tests; a
