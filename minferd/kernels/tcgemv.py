@@ -112,6 +112,11 @@ def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFI
         return max((c for c in (1,) + CLUSTERS if c <= s))
     while s > 1 and s * M * N * 4 > MAX_PART_BYTES:
         s -= 1
+    return _none_empty(nb, s)
+
+
+def _none_empty(nb: int, s: int) -> int:
+    """s splits of nb blocks as the launch makes them (ceil(nb / s) blocks each), less any left empty."""
     return -(-nb // -(-nb // s))
 
 
@@ -161,12 +166,13 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
         return
     import cupy
     nb = K // qt.block_elems
-    s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config) if split is None else split
-    if not 1 <= s <= nb or (clustered_at(M, K, config) and s not in (1,) + CLUSTERS):
-        raise ValueError(f"tcgemv: {s} K splits for {nb} blocks under config {config!r}")
+    if split is None:
+        s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
+    elif not 1 <= split <= nb or (clustered_at(M, K, config) and split not in (1,) + CLUSTERS):
+        raise ValueError(f"tcgemv: {split} K splits for {nb} blocks under config {config!r}")
+    else:  # a cluster takes its size as given (an empty split adds zeros), partials none empty
+        s = split if clustered_at(M, K, config) else _none_empty(nb, split)
     kw, cluster = CONFIGS[config][0], clustered_at(M, K, config) and s > 1
-    if not cluster:
-        s = -(-nb // -(-nb // s))  # no split empty
     need = 0 if s == 1 or cluster else s * M * N * 4
     smem = smem_bytes(M)
     cols = -(-N // rows_per_cta(M, qt, config))
