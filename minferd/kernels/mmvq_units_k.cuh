@@ -161,11 +161,12 @@ struct UQ6_K {  // 210 B, 2-aligned. Unit u: h = u/4, l = 8(u%4)..+7, all 4 quar
   __device__ void fetch(const u8* blk, int u) {
     h = u >> 2; l0 = (u & 3) * 8;
     dh = ld16(blk + 208);
-    const u8* ql = blk + 64 * h + l0;
-    la0 = ld32_a2(ql); la1 = ld32_a2(ql + 4);       // j = 0 (low), 2 (high nibbles)
-    lb0 = ld32_a2(ql + 32); lb1 = ld32_a2(ql + 36);  // j = 1, 3
-    h0 = ld32_a2(blk + 128 + 32 * h + l0); h1 = ld32_a2(blk + 132 + 32 * h + l0);
-    s0 = ld32_a2(blk + 192 + 8 * h); s1 = ld32_a2(blk + 196 + 8 * h);
+    const RunsA2 runs(blk);  // 13 loads a unit, not 17 (scales end at 208 at most: d follows)
+    u32 v[2];
+    runs.get(64 * h + l0, v); la0 = v[0]; la1 = v[1];       // j = 0 (low), 2 (high nibbles)
+    runs.get(64 * h + l0 + 32, v); lb0 = v[0]; lb1 = v[1];  // j = 1, 3
+    runs.get(128 + 32 * h + l0, v); h0 = v[0]; h1 = v[1];
+    runs.get(192 + 8 * h, v); s0 = v[0]; s1 = v[1];
   }
   __device__ void decode() {
     d = h2f(dh);

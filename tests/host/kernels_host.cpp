@@ -49,6 +49,9 @@ static inline int __dp4a(int a, int b, int c) {
   for (int i = 0; i < 4; ++i) c += (int)(int8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i);
   return c;
 }
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {  // sh < 32 here
+  return (unsigned)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
+}
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   uint64_t v = ((uint64_t)y << 32) | x; unsigned r = 0;
   for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> 4 * i) & 7))) & 0xFF) << 8 * i;
