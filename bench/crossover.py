@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,10 +144,14 @@ def merged(old: dict, new: dict, args) -> str:
     fresh = {key(r) for r in new["rows"]}
     rows = sorted([r for r in old["rows"] if key(r) not in fresh] + new["rows"], key=key)
     ns = sorted({r["n"] for r in new["rows"]})
+    prefix = f"rows n in {ns}: "
+
+    def others(text: str) -> str:  # a merge of the same rows again replaces its own provenance
+        return text.split("; the others: ", 1)[1] if text.startswith(prefix) and "; the others: " in text else text
     head = {"device": new["device"],
-            "made_by": f"rows n in {ns}: python bench/crossover.py --merge{' --graph' if args.graph else ''} "
-                       f"--ns {args.ns}; the others: {old.get('made_by', '?')}",
-            "unit": f"rows n in {ns}: {new['unit']}; the others: {old.get('unit', '?')}"}
+            "made_by": f"{prefix}python bench/crossover.py --merge{' --graph' if args.graph else ''} "
+                       f"--ns {args.ns}, {time.strftime('%Y-%m-%d')}; the others: {others(old.get('made_by', '?'))}",
+            "unit": f"{prefix}{new['unit']}; the others: {others(old.get('unit', '?'))}"}
     return json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]\n}\n"
 
 
