@@ -95,7 +95,9 @@ struct UQ4_0 {  // 18 B, 2-aligned. Unit u: bytes 8u..8u+7 -> elements 8u.. and 
   __device__ void fetch(const u8* blk, int u_) {
     u = u_;
     dh = ld16(blk);
-    a = ld32_a2(blk + 2 + 8 * u); b = ld32_a2(blk + 6 + 8 * u);
+    u32 v[2];
+    RunsA2(blk + 2).get(8 * u, v);  // 3 loads, not 4
+    a = v[0]; b = v[1];
   }
   __device__ void decode() {
     d = h2f(dh);
@@ -134,8 +136,10 @@ struct UQ5_0 {  // 22 B, 2-aligned: qh (at 22g + 2) as two u16, never one u32
   __device__ void fetch(const u8* blk, int u_) {
     u = u_;
     dh = ld16(blk);
-    qh = ld32_a2(blk + 2);
-    a = ld32_a2(blk + 6 + 8 * u); b = ld32_a2(blk + 10 + 8 * u);
+    const RunsA2 runs(blk + 2);  // 5 loads, not 6
+    u32 h[1], v[2];
+    runs.get(0, h); qh = h[0];
+    runs.get(4 + 8 * u, v); a = v[0]; b = v[1];
   }
   __device__ void decode() {
     d = h2f(dh);
@@ -181,9 +185,7 @@ struct UQ8_0 {  // 34 B, 2-aligned. Unit u: int8 elements 16u..16u+15
   __device__ void fetch(const u8* blk, int u_) {
     u = u_;
     dh = ld16(blk);
-    const u8* p = blk + 2 + 16 * u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = ld32_a2(p + 4 * i);
+    RunsA2(blk + 2).get(16 * u, q);  // 5 loads, not 8
   }
   __device__ void decode() { d = h2f(dh); }
   struct X {
