@@ -60,6 +60,8 @@ __device__ __forceinline__ u32 ld32_a4(const u8* p) { return __ldg(reinterpret_c
 // N + 1 loads where ld32_a2 takes 2N (Q6_K's decode mat-vec, 17 two-byte loads a unit, kept the
 // L1 83% busy at 39% of HBM: ncu, bench/results/s20). The run's last two bytes come as a u16,
 // so nothing past the run is read; where start is 4-aligned that u16 is read and not used.
+// Used where it measured faster (Q6_K, Q8_0); Q5_0's units were 7-13% slower with it (s20), so
+// the 32-element types but Q8_0 keep ld32_a2.
 struct RunsA2 {
   const u8* base;  // start rounded down to 4 bytes
   u32 mis, sh;     // start % 4 (0 or 2), and the shift it takes (0 or 16)

@@ -51,11 +51,9 @@ struct UQ3_K {  // 110 B, 2-aligned. Unit u: h = u/4, l = 8(u%4)..+7, all 4 shif
   __device__ void fetch(const u8* blk, int u) {
     h = u >> 2; l0 = (u & 3) * 8;
     dh = ld16(blk + 108);
-    const RunsA2 runs(blk);  // 11 loads a unit, not 15
-    u32 v[2], s[3];
-    runs.get(32 + 32 * h + l0, v); a = v[0]; b = v[1];
-    runs.get(l0, v); ha = v[0]; hb = v[1];
-    runs.get(96, s); s0 = s[0]; s1 = s[1]; s2 = s[2];
+    a = ld32_a2(blk + 32 + 32 * h + l0); b = ld32_a2(blk + 36 + 32 * h + l0);
+    ha = ld32_a2(blk + l0); hb = ld32_a2(blk + l0 + 4);
+    s0 = ld32_a2(blk + 96); s1 = ld32_a2(blk + 100); s2 = ld32_a2(blk + 104);
   }
   __device__ void decode() {
     const int o = l0 >> 4;
