@@ -83,6 +83,8 @@ def main() -> int:
     ap.add_argument("--models", default="7b", help=f"shape sets, of {', '.join(MODEL_SHAPES)}")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-dequant", action="store_true")
+    ap.add_argument("--units16", action="store_true",
+                    help="also time the 16-position units (mmvq.UNITS16_IDS; with --sweep, every variant)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -126,9 +128,9 @@ def main() -> int:
                     xbytes = n * K * 4
                 moved = wbytes + xbytes + n * rows * 4
 
-                def launches(cfg=None):
-                    return [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized, config=cfg)
-                            for w in ws]
+                def launches(cfg=None, units16=False):
+                    return [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized, config=cfg,
+                                                units16=units16) for w in ws]
 
                 t = time_graph(cp, launches(), args.reps)
                 row = {"type": tname, "rows": rows, "K": K, "n": n, "us": t * 1e6, "GBps": moved / t / 1e9,
@@ -141,6 +143,14 @@ def main() -> int:
                 report["mmvq"].append(row)
                 print(f"mmvq    {tname:5s} {rows:6d}x{K:<5d} n={n} {t * 1e6:8.1f} us {row['GBps']:7.0f} GB/s "
                       f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else ""), flush=True)
+                if args.units16 and tname in mv.UNITS16_IDS:
+                    t16 = time_graph(cp, launches(units16=True), args.reps)
+                    row["units16_us"] = t16 * 1e6
+                    cfgs = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep else ()
+                    swept = {cfg: time_graph(cp, launches(cfg, True), args.reps) * 1e6 for cfg in cfgs}
+                    row["units16_sweep"] = [[list(c), us] for c, us in swept.items()]
+                    print(f"  units16 {t16 * 1e6:8.1f} us {moved / t16 / 1e9:7.0f} GB/s {100 * moved / t16 / CEILING:5.1f}%"
+                          + (f"  | best {min(swept, key=swept.get)}: {min(swept.values()):.1f} us" if swept else ""), flush=True)
                 sweep = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep and quantized else ()
                 if sweep:
                     best = None

@@ -14,17 +14,23 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
-from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x, scratch_bytes as xq_bytes, xq_layout
+from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, UNITS16_IDS as MMVQ_UNITS16, mmvq, mmvq_group, quantize_x
+from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.tiles import gemm_tiles
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
+
+
+def _units16(qt) -> bool:
+    """Q6_K's mat-vec in 16-position units (pending: q6k_units16; mmvq_units_k.cuh's UQ6_K16)."""
+    return qt.name in MMVQ_UNITS16 and pending.ready("q6k_units16")
 
 
 def key(x) -> tuple:
@@ -42,7 +48,8 @@ class CudaMatmuls:
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
-                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual)
+                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
+                     units16=_units16(w.qtype))
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
@@ -120,7 +127,8 @@ class CudaMatmuls:
                     continue
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
-                           x_quantized=True, biases=[None if b is None else b.data for _, b in part])
+                           x_quantized=True, biases=[None if b is None else b.data for _, b in part],
+                           units16=_units16(part[0][0].qtype))
                 outs += group
         return outs
 

@@ -19,7 +19,11 @@ from minferd.config import valve
 # weight_prefetch (mat-vec CTAs asking L2 for their rows before pdl_enter) and mmvq_wave (a
 # resident wave of mat-vec CTAs walking the rows) pass and lose (7B decode 386.7 -> 338.8 tok/s
 # with the prefetch; every wave slower than a CTA a share): both went.
-PATHS: dict[str, str] = {}
+# Session 20 wrote q6k_units16 after its device time ran out.
+PATHS: dict[str, str] = {
+    "q6k_units16": "Q6_K's decode mat-vec in 16-position units (mmvq_units_k.cuh UQ6_K16, mmvq.py units16): "
+                   "test_mmvq.py test_q6k_units16_is_the_reference, test_engine_cuda.py test_q6k_units16_decodes_the_same",
+}
 
 
 def _run_anyway() -> set[str]:

@@ -113,9 +113,14 @@ def bucket(n: int) -> int:
     raise ValueError(f"mmvq: batch of {n} columns, at most {MAX_COLS}")
 
 
-def kernel_name(qt: QuantType, nc: int, cfg: Config) -> str:
+# Unit variants behind kernel ids of their own (mmvq_units_k.cuh), a launch's `units16`: Q6_K in
+# 16-position units, the pending path q6k_units16 (backend/pending.py), compiled on first use.
+UNITS16_IDS = {"Q6_K": 114}
+
+
+def kernel_name(qt: QuantType, nc: int, cfg: Config, units16: bool = False) -> str:
     nw, kw, r, unr = cfg
-    return f"mmvq<{qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
+    return f"mmvq<{UNITS16_IDS[qt.name] if units16 else qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
 
 
 def _float_name(qt: QuantType, nc: int, vec: int, kw: int = 1) -> str:
@@ -249,7 +254,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False) -> None:
+         bias=None, residual=None, split_k: bool = False, units16: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -257,11 +262,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row."""
+    FLOAT_SPLIT_KW warps a row. units16: see mmvq_group."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual)
+                   biases=[bias], residual=residual, units16=units16)
         return
     _check_x(x)
     n, K = x.shape
@@ -285,13 +290,16 @@ MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None) -> None:
+               biases=None, residual=None, units16: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
-    with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix."""
+    with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
+    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
+    if units16 and qt.name not in UNITS16_IDS:
+        raise ValueError(f"mmvq_group: no 16-position unit for {qt.name} (only {', '.join(UNITS16_IDS)})")
     if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
         raise ValueError(f"mmvq_group: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
     biases = list(biases or [None] * len(ws))
@@ -331,7 +339,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
-        _fn(kernel_name(qt, nc, cfg))(
+        (_fn_any if units16 else _fn)(kernel_name(qt, nc, cfg, units16))(
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),

@@ -59,20 +59,34 @@ __device__ __forceinline__ X32 x32load(const i8* xq, int lo, const float2* xds, 
 }
 __device__ __forceinline__ float x32dot(const u32* q, const X32& x) { return comb(dot4(q, x.h, 0), dot4(q, x.l, 0)); }
 
-struct XJ {  // Q2_K/Q3_K/Q6_K unit (h, l0): x[128h + 32j + l0 .. +7] for j = 0..3
+// x of a (h, l0) unit of P positions: x[128h + 32j + l0 .. + P - 1] for j = 0..3 (P = 8: the
+// Q2_K / Q3_K / Q6_K units; 16: UQ6_K16).
+template <int P> struct XJP;
+template <> struct XJP<8> {
   int2 h[4], l[4];
   float dx[4], sm[4];  // sm: sum of the 8 x values in units of dx (Q2_K's min term only)
 };
-__device__ __forceinline__ XJ xjload(const i8* xq, int lo, const float2* xds, int h, int l0) {
-  XJ x;
+template <> struct XJP<16> {
+  int4 h[4], l[4];
+  float dx[4];
+};
+typedef XJP<8> XJ;
+template <int P = 8>
+__device__ __forceinline__ XJP<P> xjload(const i8* xq, int lo, const float2* xds, int h, int l0) {
+  XJP<P> x;
   const float4 ds01 = ldds4(xds + 4 * h), ds23 = ldds4(xds + 4 * h + 2);
   x.dx[0] = ds01.x; x.dx[1] = ds01.z; x.dx[2] = ds23.x; x.dx[3] = ds23.z;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const i8* p = xq + 128 * h + 32 * j + l0;
-    x.h[j] = ldx8(p);
-    x.l[j] = ldx8(p + lo);
-    x.sm[j] = comb(dot2(0x01010101u, 0x01010101u, x.h[j]), dot2(0x01010101u, 0x01010101u, x.l[j]));
+    if constexpr (P == 8) {
+      x.h[j] = ldx8(p);
+      x.l[j] = ldx8(p + lo);
+      x.sm[j] = comb(dot2(0x01010101u, 0x01010101u, x.h[j]), dot2(0x01010101u, 0x01010101u, x.l[j]));
+    } else {
+      x.h[j] = ldx16(p);
+      x.l[j] = ldx16(p + lo);
+    }
   }
   return x;
 }

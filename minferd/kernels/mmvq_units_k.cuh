@@ -152,21 +152,26 @@ struct UQ5_K : UK45 {  // 176 B, 16-aligned
   }
 };
 
-struct UQ6_K {  // 210 B, 2-aligned. Unit u: h = u/4, l = 8(u%4)..+7, all 4 quarters j
-  static constexpr int TYPE = T_Q6_K, QK = 256, BB = 210, U = 8;
-  u32 la0, la1, lb0, lb1, h0, h1, s0, s1, q[8];  // q: signed int8x4, q - 32
+// Q6_K, 210 B, 2-aligned. A unit of P positions: h = u / (32/P), l = P(u % (32/P)) .. + P - 1, all
+// 4 quarters j; its three P-byte runs and the 8 scale bytes as aligned words (RunsA2).
+// P = 8 (UQ6_K, U = 8): 13 loads a unit, not 17. P = 16 (UQ6_K16, U = 4, the pending path
+// q6k_units16, kernel id T_Q6_K_U16 = mmvq.py's units16): 19 loads for 64 weights where two
+// 8-position units take 26 (the L1 was still 73-82% busy after RunsA2, session 20).
+template <int P> struct UQ6_KP {
+  static constexpr int TYPE = T_Q6_K, QK = 256, BB = 210, U = 256 / (4 * P), W = P / 4;
+  u32 la[W], lb[W], hq[W], s0, s1, q[4 * W];  // q[W j + i]: signed int8x4, q - 32
   u16 dh;
   float d, sc[4];
   int h, l0;
   __device__ void fetch(const u8* blk, int u) {
-    h = u >> 2; l0 = (u & 3) * 8;
+    h = u >> (P == 8 ? 2 : 1); l0 = (u & (32 / P - 1)) * P;
     dh = ld16(blk + 208);
-    const RunsA2 runs(blk);  // 13 loads a unit, not 17
-    u32 v[2];
-    runs.get(64 * h + l0, v); la0 = v[0]; la1 = v[1];       // j = 0 (low), 2 (high nibbles)
-    runs.get(64 * h + l0 + 32, v); lb0 = v[0]; lb1 = v[1];  // j = 1, 3
-    runs.get(128 + 32 * h + l0, v); h0 = v[0]; h1 = v[1];
-    runs.get(192 + 8 * h, v); s0 = v[0]; s1 = v[1];
+    const RunsA2 runs(blk);
+    runs.get(64 * h + l0, la);       // j = 0 (low), 2 (high nibbles)
+    runs.get(64 * h + l0 + 32, lb);  // j = 1, 3
+    runs.get(128 + 32 * h + l0, hq);
+    u32 s[2];
+    runs.get(192 + 8 * h, s); s0 = s[0]; s1 = s[1];
   }
   __device__ void decode() {
     d = h2f(dh);
@@ -174,23 +179,31 @@ struct UQ6_K {  // 210 B, 2-aligned. Unit u: h = u/4, l = 8(u%4)..+7, all 4 quar
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       sc[j] = (float)(int)(i8)(s4 >> (8 * j));
-      const u32 a = (j & 1) ? lb0 : la0, b = (j & 1) ? lb1 : la1;
       const int sh = 4 * (j >> 1);
-      const u32 va = ((a >> sh) & M4) | (((h0 >> (2 * j)) & 0x03030303u) << 4);
-      const u32 vb = ((b >> sh) & M4) | (((h1 >> (2 * j)) & 0x03030303u) << 4);
-      q[2 * j] = (va + 0x60606060u) ^ 0x80808080u;  // bytes 0..63 -> -32..31, no carries
-      q[2 * j + 1] = (vb + 0x60606060u) ^ 0x80808080u;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        const u32 a = (j & 1) ? lb[i] : la[i];
+        const u32 v = ((a >> sh) & M4) | (((hq[i] >> (2 * j)) & 0x03030303u) << 4);
+        q[W * j + i] = (v + 0x60606060u) ^ 0x80808080u;  // bytes 0..63 -> -32..31, no carries
+      }
     }
   }
-  __device__ XJ xload(const i8* xq, int lo, const float2* xds) const { return xjload(xq, lo, xds, h, l0); }
-  __device__ float dot(const XJ& x) const {
+  __device__ XJP<P> xload(const i8* xq, int lo, const float2* xds) const { return xjload<P>(xq, lo, xds, h, l0); }
+  __device__ float dot(const XJP<P>& x) const {
     float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      acc += x.dx[j] * sc[j] * comb(dot2(q[2 * j], q[2 * j + 1], x.h[j]), dot2(q[2 * j], q[2 * j + 1], x.l[j]));
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (P == 8)
+        acc += x.dx[j] * sc[j] * comb(dot2(q[2 * j], q[2 * j + 1], x.h[j]), dot2(q[2 * j], q[2 * j + 1], x.l[j]));
+      else
+        acc += x.dx[j] * sc[j] * comb(dot4(q + 4 * j, x.h[j], 0), dot4(q + 4 * j, x.l[j], 0));
+    }
     return d * acc;
   }
 };
+typedef UQ6_KP<8> UQ6_K;
+typedef UQ6_KP<16> UQ6_K16;
+constexpr int T_Q6_K_U16 = 100 + T_Q6_K;
 
 template <int TYPE> struct UnitOf;
 template <> struct UnitOf<T_Q4_0> { typedef UQ4_0 T; };
@@ -203,6 +216,7 @@ template <> struct UnitOf<T_Q3_K> { typedef UQ3_K T; };
 template <> struct UnitOf<T_Q4_K> { typedef UQ4_K T; };
 template <> struct UnitOf<T_Q5_K> { typedef UQ5_K T; };
 template <> struct UnitOf<T_Q6_K> { typedef UQ6_K T; };
+template <> struct UnitOf<T_Q6_K_U16> { typedef UQ6_K16 T; };
 template <> struct UnitOf<T_IQ4_NL> { typedef UIQ4_NL T; };
 template <> struct UnitOf<T_IQ4_XS> { typedef UIQ4_XS T; };
 template <> struct UnitOf<T_MXFP4> { typedef UMXFP4 T; };

@@ -77,6 +77,20 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
+def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
+    """A decode graph whose Q6_K mat-vecs run in 16-position units (backend/pending.py's
+    q6k_units16) against the default units: the same products summed in another order, so the
+    logits agree within the paths' tolerance and pick the same greedy tokens."""
+    from minferd.backend import pending
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"q6k_units16"} if on else pending.WAITING | {"q6k_units16"})
+        outs.append(decode_step(str(synth_model("llama", quant)), "mmq", B))
+    assert np.abs(outs[0] - outs[1]).max() <= 1e-3 * np.abs(outs[0]).max()
+    assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
+
+
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a

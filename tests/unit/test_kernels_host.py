@@ -99,8 +99,13 @@ def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
                 assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32)), (name, rows, K, start)
 
 
-@pytest.mark.parametrize("name", [n for n in CUDA_TYPES if TYPES[n].is_quantized])
-def test_mmvq_units_match_f64(lib, name):
+# (type, the unit's kernel id): every quantized type's unit, and the variants behind ids of their own
+# (mmvq_units_k.cuh: UQ6_K16, T_Q6_K_U16, the pending path q6k_units16).
+UNITS = [(n, TYPES[n].ggml_id) for n in CUDA_TYPES if TYPES[n].is_quantized] + [("Q6_K", 114)]
+
+
+@pytest.mark.parametrize("name,unit", UNITS)
+def test_mmvq_units_match_f64(lib, name, unit):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
     for rows, K in ((5, 768), (3, qt.block_elems * 3)):
         raw = random_blocks(qt, rows + 1, K, rng)
@@ -113,7 +118,7 @@ def test_mmvq_units_match_f64(lib, name):
             xq_b[:] = xq.view(np.uint8).reshape(-1)
             xds_b[:] = xds.view(np.uint8).reshape(-1)
             out = np.full((n, rows), np.nan, np.float32)
-            assert lib.mv(qt.ggml_id, P(placed(raw, start, rows).ctypes.data), rows, K, P(xq_b.ctypes.data),
+            assert lib.mv(unit, P(placed(raw, start, rows).ctypes.data), rows, K, P(xq_b.ctypes.data),
                           P(xds_b.ctypes.data), kbp, n, P(out.ctypes.data)) == 0
             ref = x.astype(np.float64) @ dequantize(qt, raw[start:start + rows], rows, K).astype(np.float64).T
             err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
