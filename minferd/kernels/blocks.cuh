@@ -56,28 +56,6 @@ __device__ __forceinline__ u32 ld32_a2(const u8* p) {  // two aligned halves: ne
   return (u32)ld16(p) | ((u32)ld16(p + 2) << 16);
 }
 __device__ __forceinline__ u32 ld32_a4(const u8* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
-// Runs of u32 at a 2-aligned address, read as aligned words and funnel shifts: N words take
-// N + 1 loads where ld32_a2 takes 2N (Q6_K's decode mat-vec, 17 two-byte loads a unit, kept the
-// L1 83% busy at 39% of HBM: ncu, bench/results/s20). The run's last two bytes come as a u16,
-// so nothing past the run is read; where start is 4-aligned that u16 is read and not used.
-// Used where it measured faster (Q6_K, Q8_0); Q5_0's units were 7-13% slower with it (s20), so
-// the 32-element types but Q8_0 keep ld32_a2.
-struct RunsA2 {
-  const u8* base;  // start rounded down to 4 bytes
-  u32 mis, sh;     // start % 4 (0 or 2), and the shift it takes (0 or 16)
-  __device__ __forceinline__ explicit RunsA2(const u8* start) {
-    mis = (u32)reinterpret_cast<size_t>(start) & 2u;
-    base = start - mis; sh = 8 * mis;
-  }
-  template <int N> __device__ __forceinline__ void get(int off, u32 (&v)[N]) const {  // off: a multiple of 4
-    u32 w[N + 1];
-#pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = ld32_a4(base + off + 4 * i);
-    w[N] = ld16(base + off + 4 * N - 2 + mis);
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = __funnelshift_r(w[i], w[i + 1], sh);
-  }
-};
 __device__ __forceinline__ uint2 ld64_a8(const u8* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld128_a16(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
