@@ -123,6 +123,13 @@ def kernel_name(qt: QuantType, nc: int, cfg: Config, units16: bool = False) -> s
     return f"mmvq<{UNITS16_IDS[qt.name] if units16 else qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
 
 
+def variant_names() -> tuple[str, ...]:
+    """The units16 instances of CONFIGS' shapes: compiled on first use, not at warmup, and by
+    bench/nvrtc_check.py --variants (CI), so a broken variant is caught without a GPU."""
+    return tuple(dict.fromkeys(kernel_name(TYPES[t], nc, cfg, True) for t in UNITS16_IDS
+                               for nc in NC_BUCKETS for cfg in CONFIGS[t][nc].values()))
+
+
 def _float_name(qt: QuantType, nc: int, vec: int, kw: int = 1) -> str:
     return f"mmv_float<{qt.ggml_id}, {nc}, {vec}>" if kw == 1 else f"mmv_float<{qt.ggml_id}, {nc}, {vec}, {kw}>"
 
