@@ -113,9 +113,7 @@ def bucket(n: int) -> int:
     raise ValueError(f"mmvq: batch of {n} columns, at most {MAX_COLS}")
 
 
-# Unit variants behind kernel ids of their own (mmvq_units_k.cuh), a launch's `units16`: Q6_K in
-# 16-position units, the pending path q6k_units16 (backend/pending.py), compiled on first use.
-UNITS16_IDS = {"Q6_K": 114}
+UNITS16_IDS = {"Q6_K": 114}  # a launch's units16: the unit of 16 positions (pending q6k_units16)
 
 
 def kernel_name(qt: QuantType, nc: int, cfg: Config, units16: bool = False) -> str:
@@ -124,8 +122,7 @@ def kernel_name(qt: QuantType, nc: int, cfg: Config, units16: bool = False) -> s
 
 
 def variant_names() -> tuple[str, ...]:
-    """The units16 instances of CONFIGS' shapes: compiled on first use, not at warmup, and by
-    bench/nvrtc_check.py --variants (CI), so a broken variant is caught without a GPU."""
+    """The units16 instances (compiled on first use, not at warmup; by nvrtc_check --variants on CI)."""
     return tuple(dict.fromkeys(kernel_name(TYPES[t], nc, cfg, True) for t in UNITS16_IDS
                                for nc in NC_BUCKETS for cfg in CONFIGS[t][nc].values()))
 
