@@ -214,7 +214,8 @@ if [ "$stage" = small ]; then
   fi
 fi
 if [ "$stage" = tc ]; then
-  TESTS=${TESTS:-tests/cuda/test_tcgemv.py} cuda_tests ${TEST_LIMIT:-120}
+  # In eight workers where pytest-xdist came: one process spent its 120 s compiling (s20 call 1).
+  TESTS=${TESTS:-$(python3 -c "import xdist" 2>/dev/null && echo "-n 8") tests/cuda/test_tcgemv.py} cuda_tests ${TEST_LIMIT:-120}
   python3 bench/tc_splits.py --types ${TYPES:-Q4_K,Q6_K,Q8_0} --models ${MODELS:-7b} --ns ${NS:-16,32} --configs auto \
     --json "$OUT/tc_splits.json" 2>&1 | cut -c1-160 | tee "$OUT/tc_splits.log"
   # Where the warps wait (session 19: long-scoreboard first, 3.05 of ~8.5 cycles an instruction).
