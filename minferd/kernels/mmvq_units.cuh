@@ -21,8 +21,8 @@ __device__ __forceinline__ u32 pick_even4(u32 w0, u32 w1, int o) {
 // N + 1 loads where ld32_a2 takes 2N (Q6_K's decode mat-vec, 17 two-byte loads a unit, kept the
 // L1 83% busy at 39% of HBM: ncu, bench/results/s20). The run's last two bytes come as a u16,
 // so nothing past the run is read; where start is 4-aligned that u16 is read and not used.
-// Used where it measured faster (Q6_K, Q8_0); Q5_0's units were 7-13% slower with it (s20), so
-// the 32-element types but Q8_0 keep ld32_a2.
+// Used where it measured faster (Q6_K, Q8_0); the other 2-aligned units keep ld32_a2 (Q5_0's
+// were 7-13% slower with it, s20; Q4_0's and Q3_K's not measured yet).
 struct RunsA2 {
   const u8* base;  // start rounded down to 4 bytes
   u32 mis, sh;     // start % 4 (0 or 2), and the shift it takes (0 or 16)
