@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib
 import os
 import sys
 import time
@@ -86,13 +85,10 @@ def compile_module(lib, name: str, exprs=(), opts=()) -> int:
 def main(argv) -> int:
     by_part = "--parts" in argv  # each part as kernel() compiles it (kernels/__init__.py), timed
     plain = "--plain" in argv  # only the part of no instances: the extern "C" kernels alone
-    variants = "--variants" in argv  # and the launcher's variant_names() (pending paths' instances)
     lib = _lib()
     rc = 0
     for name in [a for a in argv if not a.startswith("--")] or module_names():
         exprs = () if plain else name_expressions(name)
-        if variants:
-            exprs += getattr(importlib.import_module(f"minferd.kernels.{name}"), "variant_names", tuple)()
         if not by_part:
             rc |= compile_module(lib, name, exprs)
             continue

@@ -19,10 +19,13 @@ from minferd.config import valve
 # weight_prefetch (mat-vec CTAs asking L2 for their rows before pdl_enter) and mmvq_wave (a
 # resident wave of mat-vec CTAs walking the rows) pass and lose (7B decode 386.7 -> 338.8 tok/s
 # with the prefetch; every wave slower than a CTA a share): both went.
-# Session 20 wrote q6k_units16 after its device time ran out.
+# Session 20 wrote q6k_units16; session 21 saw it pass (18 tests) and win at K <= 4096, and took it
+# out (cuda_matmul.UNITS16_MAX_K).
 PATHS: dict[str, str] = {
-    "q6k_units16": "Q6_K's decode mat-vec in 16-position units (mmvq_units_k.cuh UQ6_K16, mmvq.py units16): "
-                   "test_mmvq.py test_q6k_units16_is_the_reference, test_engine_cuda.py test_q6k_units16_decodes_the_same",
+    "deferred_norm": "the rmsnorm between decode mat-vecs folded into both (kernels/mmvq_norm.cuh): "
+                     "test_mmvq_norm.py test_norm_out_is_quantize_x_of_x_times_w, test_norm_in_is_the_normed_product, "
+                     "test_bad_norm_arguments_are_refused, "
+                     "test_engine_cuda.py test_deferred_norm_decodes_the_same",
 }
 
 

@@ -79,14 +79,30 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
 
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
-    """A decode graph whose Q6_K mat-vecs run in 16-position units (backend/pending.py's
-    q6k_units16) against the default units: the same products summed in another order, so the
+    """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's
+    UNITS16_MAX_K) against the default units: the same products summed in another order, so the
     logits agree within the paths' tolerance and pick the same greedy tokens."""
+    from minferd.backend import cuda_matmul
+    outs = []
+    for max_k in (0, cuda_matmul.UNITS16_MAX_K):
+        monkeypatch.setattr(cuda_matmul, "UNITS16_MAX_K", max_k)
+        outs.append(decode_step(str(synth_model("llama", quant)), "mmq", B))
+    assert np.abs(outs[0] - outs[1]).max() <= 1e-3 * np.abs(outs[0]).max()
+    assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
+
+
+@pytest.mark.parametrize("arch,quant,B", [("qwen2", "q4_k_m", 1), ("qwen2", "q4_k_m", 4), ("llama", "q6_k", 1),
+                                          ("qwen3", "q4_k", 8), ("qwen3moe", "q4_k", 1)])
+def test_deferred_norm_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
+    """Decode graphs with the rmsnorms between mat-vecs folded into them (the pending path
+    deferred_norm, kernels/mmvq_norm.cuh) against the norm's own launch: x * w quantized where the
+    launch quantizes the normed x, so the logits agree within the paths' tolerance and pick the
+    same greedy tokens. The MoE folds none of its MLP's norms (its router reads them in f32)."""
     from minferd.backend import pending
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"q6k_units16"} if on else pending.WAITING | {"q6k_units16"})
-        outs.append(decode_step(str(synth_model("llama", quant)), "mmq", B))
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"deferred_norm"} if on else pending.WAITING | {"deferred_norm"})
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
     assert np.abs(outs[0] - outs[1]).max() <= 1e-3 * np.abs(outs[0]).max()
     assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
 

@@ -24,17 +24,6 @@ def test_kernel_module_compiles(name):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_pending_variants_compile():
-    """The instances a launcher keeps out of warmup (variant_names: pending paths, compiled on
-    first use) compile too, so a broken one is caught here and not on the device."""
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "nvrtc_check.py"), "--variants", "mmvq"],
-                       capture_output=True, text=True, timeout=600, **NICE)
-    if r.returncode == 3:
-        pytest.skip(r.stderr.strip())
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "mmvq: ok" in r.stdout, r.stdout
-
-
 def test_every_module_compiles_with_no_instances():
     """The part kernel() takes extern "C" kernels from (kernels/__init__.py): no template
     instance, so nothing a module's templates would pull in may be needed by its plain kernels."""
