@@ -100,6 +100,8 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   const u8* rowp[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = W + (i64)min(row0 + r, nrows - 1) * row_bytes;  // tail rows: redo the last, discard
+  NormScale<NC> scale;
+  scale.start(xss, K);
 
   for (int i0 = kw * 32 + lane; i0 < nunits; i0 += STEP * UNR) {
     Unit w[UNR][R];
@@ -131,7 +133,7 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   }
   float inv[NC];  // x's rmsnorm scale a column where x comes unnormed (mmvq_norm.cuh), else 1
 #pragma unroll
-  for (int c = 0; c < NC; ++c) inv[c] = xss && c < ncols ? norm_inv(xss, c, kbp, K, eps) : 1.0f;
+  for (int c = 0; c < NC; ++c) inv[c] = xss && c < ncols ? scale.inv(xss, c, kbp, K, eps) : 1.0f;
   if constexpr (KW == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)

@@ -21,6 +21,30 @@ __device__ __forceinline__ float norm_inv(const float* __restrict__ ss, int c, i
   return 1.0f / sqrtf(warp_sum(s) / K + eps);
 }
 
+// The scale as a mat-vec warp gets it: one column's block sums are fetched when the warp starts
+// (NC == 1 and K <= 32 * 32 * PRE: every dense preset here), so the scale at its end waits on no
+// load (a dependent L2 read at the end of every CTA would lengthen each wave of the launch);
+// else norm_inv at the end. Both add in norm_inv's order: the same bits.
+template <int NC>
+struct NormScale {
+  static constexpr int PRE = 4;
+  float pre[PRE];
+  bool early;
+  __device__ __forceinline__ void start(const float* __restrict__ ss, int K) {
+    const int lane = threadIdx.x & 31;
+    early = NC == 1 && ss && K <= 32 * 32 * PRE;
+#pragma unroll
+    for (int j = 0; j < PRE; ++j) pre[j] = early && lane + 32 * j < K / 32 ? ss[lane + 32 * j] : 0.0f;
+  }
+  __device__ __forceinline__ float inv(const float* __restrict__ ss, int c, int kbp, int K, float eps) const {
+    if (!early) return norm_inv(ss, c, kbp, K, eps);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PRE; ++j) s += pre[j];  // + 0.0f past the last block: exact
+    return 1.0f / sqrtf(warp_sum(s) / K + eps);
+  }
+};
+
 // After a CTA stored out's rows [row_lo, row_lo + ROWS) (< nrows) of every column: count them into
 // their blocks' counters; the CTA that completes a block quantizes out * w of it into xq / xds
 // (the layout of a (ncols, nrows) x) and writes its sum of squares to ss. nrows % 32 == 0.
