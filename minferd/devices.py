@@ -32,7 +32,6 @@ PREFILL_GRAPH_TOKENS = 1024  # one sequence's prefill of up to this many tokens 
 GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's own workspace per model, set so its calls can be captured (Hopper's size)
-NORM_COUNTERS = 4096  # the folded norms' block counters (kernels/mmvq_norm.cuh): rows up to 131072, from the arena's 16 MiB slack
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
 DEQUANT_ROWS = 4096  # rows per temporary f16 tile when a model without W16 prefills through cuBLAS
 

@@ -173,12 +173,9 @@ class Backend(ABC):
 
     # ---- ops -----------------------------------------------------------------------------
     @abstractmethod
-    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None, then_norm: tuple | None = None):
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
         """x (n, K) f32 times w's rows, plus the bias vector and the residual (n, rows) where
-        given: (n, rows) f32. (A backend may fold the adds into the product's kernel.) then_norm
-        (weight, eps): the rmsnorm the caller applies to the result next, which a backend may fold
-        in (the CUDA backend's decode mat-vecs); the model passes it only where quantized matmuls
-        alone read that norm's output (LlamaModel.folded_norms)."""
+        given: (n, rows) f32. (A backend may fold the adds into the product's kernel.)"""
 
     @abstractmethod
     def embed(self, ids: np.ndarray, w: Weight):

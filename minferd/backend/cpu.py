@@ -123,7 +123,7 @@ class CpuBackend(Backend):
             return out
         return dequantize(w.qtype, w.data[r0:r1], r1 - r0, w.row_elems, out=out)
 
-    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None, then_norm=None):
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
         y = self._product(x, w, 0, w.n_rows)
         if bias is not None:
             y += bias.data

@@ -28,7 +28,7 @@ from minferd.kernels.launch import programmatic, rows_limit
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, NORM_COUNTERS, device_moe
+from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
 
 log = logging.getLogger("minferd")
 
@@ -63,7 +63,6 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
         self.arena: Arena | None = None
-        self.norm_counters = None  # alloc_scratch carves them
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}
         self._prefill_pool = None  # what every prefill graph of this backend allocates from
@@ -103,12 +102,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         return w.w16.nbytes
 
     def alloc_scratch(self, mem, nbytes: int) -> None:
-        self._scratch_buf = mem.empty("scratch", (nbytes,), np.uint8)
-        # The folded norms' counters (cuda_matmul._norm_out) first, zero for good: graphs hold them.
-        self.norm_counters = self._scratch_buf[:4 * NORM_COUNTERS].view(np.uint32)
-        with self.stream:
-            self.norm_counters.fill(0)
-        self._arena_buf = self._scratch_buf[4 * NORM_COUNTERS:]
+        self._arena_buf = mem.empty("scratch", (nbytes,), np.uint8)
         self.arena = Arena(self._arena_buf)
 
     def weights_changed(self) -> None:
@@ -139,8 +133,8 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._forget_graphs()
         if self.arena is not None:
             self.arena.close()
-            mem.release(self._scratch_buf)
-            self.arena = self._arena_buf = self._scratch_buf = self.norm_counters = None
+            mem.release(self._arena_buf)
+            self.arena = self._arena_buf = None
 
     @contextlib.contextmanager
     def scope(self):

@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -22,7 +22,6 @@ from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, UNITS16_IDS as MMVQ_UNITS16, mmvq, mmvq_group, quantize_x
-from minferd.kernels.mmvq_norm import NormIn, NormOut, ss_shape
 from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.tiles import gemm_tiles
 
@@ -45,7 +44,7 @@ def key(x) -> tuple:
 
 class CudaMatmuls:
     """The matmul half of CudaBackend (it keeps the state: arena, gate table, plan, slots)."""
-    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None, then_norm=None):
+    def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
         if residual is not None:
@@ -54,14 +53,11 @@ class CudaMatmuls:
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
-                xq, norm_in = self._quantized(x), self._norm_in(x)  # before _norm_out takes the slot
-                mmvq(w.qtype, w.data, x, out, scratch=xq, x_quantized=True, bias=b, residual=residual,
-                     units16=_units16(w.qtype, w.row_elems, n), norm_in=norm_in, norm_out=self._norm_out(out, then_norm))
+                mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
+                     units16=_units16(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
-                self._unfolded(x)
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
-        self._unfolded(x)
         out = cp.empty((n, w.n_rows), cp.float32)
         kernel = gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
         if kernel in ("small", "tc"):  # bias and residual ride in their epilogues
@@ -126,7 +122,7 @@ class CudaMatmuls:
         biases = list(biases or [None] * len(ws))
         if n > MMVQ_MAX_BATCH:
             return super().matmuls(x, ws, biases)
-        outs, norm_in = [], self._norm_in(x)
+        outs = []
         for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
             run = list(run)
             for k in range(0, len(run), MMVQ_GROUP):
@@ -137,7 +133,7 @@ class CudaMatmuls:
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n), norm_in=norm_in)
+                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
 
@@ -148,33 +144,6 @@ class CudaMatmuls:
         scratch = self._new_xq(x)
         quantize_x(x, scratch)
         return scratch
-
-    def _norm_out(self, out, then_norm) -> NormOut | None:
-        """then_norm (weight, eps), the rmsnorm that reads `out` next, folded into the mat-vec that
-        writes it (the pending path deferred_norm; kernels/mmvq_norm.py): its input for the next
-        mat-vecs is left unscaled, under a new array whose f32 values are never written, which
-        that rmsnorm call returns (cuda_ops.rmsnorm) and only the quantized mat-vecs may read."""
-        if then_norm is None or self.norm_counters is None or not pending.ready("deferred_norm"):
-            return None
-        weight, eps = then_norm
-        n, rows = out.shape
-        if rows % 32 or rows // 32 > self.norm_counters.size or weight.data.shape != (rows,):
-            return None
-        normed = cp.empty_like(out)
-        scratch = self._new_xq(normed)
-        ss = cp.empty(ss_shape(n, rows), cp.float32)
-        self._xq += (NormIn(ss, eps),)
-        self._normed_ahead = (out, weight, eps, normed, self._xq)
-        return NormOut(weight.data, scratch, ss, self.norm_counters)
-
-    def _norm_in(self, x) -> NormIn | None:
-        """x's folded norm, where x is a _norm_out array (its scale still to apply)."""
-        s = self._xq
-        return s[3] if s is not None and len(s) > 3 and s[0] == key(x) else None
-
-    def _unfolded(self, x) -> None:
-        if self._norm_in(x) is not None:  # its f32 values were never written
-            raise RuntimeError("a folded rmsnorm's output (deferred_norm) reached a kernel other than the quantized mat-vec")
 
     def _mmq_x(self, x):
         """x in mmq_small's format: made once per array and pass (q/k/v and gate/up share it)."""

@@ -45,8 +45,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-#include "mmvq_norm.cuh"
-
 // ---------------------------------------------------------------------------------------
 // x (ncols, K) f32 -> xq (ncols, 2, K) int8 and xds (ncols, kbp) (d, sum) per 32 elements,
 // one warp per 32-element block: x = d * (hi + lo/254), hi = rint(x/d), lo the rounded
@@ -83,8 +81,7 @@ template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
                                           const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
-                                          int ncols, const float* __restrict__ res,
-                                          const float* __restrict__ xss = nullptr, float eps = 0.0f) {
+                                          int ncols, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
@@ -100,8 +97,6 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   const u8* rowp[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = W + (i64)min(row0 + r, nrows - 1) * row_bytes;  // tail rows: redo the last, discard
-  NormScale<NC> scale;
-  scale.start(xss, K);
 
   for (int i0 = kw * 32 + lane; i0 < nunits; i0 += STEP * UNR) {
     Unit w[UNR][R];
@@ -131,16 +126,13 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
       }
     }
   }
-  float inv[NC];  // x's rmsnorm scale a column where x comes unnormed (mmvq_norm.cuh), else 1
-#pragma unroll
-  for (int c = 0; c < NC; ++c) inv[c] = xss && c < ncols ? scale.inv(xss, c, kbp, K, eps) : 1.0f;
   if constexpr (KW == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         const float v = warp_sum(acc[r][c]);
-        if (lane == 0 && c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, xss ? v * inv[c] : v);
+        if (lane == 0 && c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
       }
   } else {
     __shared__ float red[NW][R * NC];
@@ -154,12 +146,10 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
     __syncthreads();
     if (kw == 0 && lane < R * NC) {
       const int r = lane / NC, c = lane % NC;
-      float v = 0.0f, s = 1.0f;
+      float v = 0.0f;
 #pragma unroll
       for (int j = 0; j < KW; ++j) v += red[warp + j][lane];
-#pragma unroll
-      for (int cc = 0; cc < NC; ++cc) s = cc == c ? inv[cc] : s;  // no local-memory index
-      if (c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, xss ? v * s : v);
+      if (c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
     }
   }
 }
@@ -168,24 +158,20 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 // launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
 // each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
 // cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
-// The rmsnorm between mat-vecs (mmvq_norm.cuh): xss set, x comes unnormed (its block sums of
-// squares, eps); ncnt set (a single matrix), the output's norm with nw is left in nxq / nxds / nss.
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
      int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res, const float* __restrict__ xss, float eps, unsigned* __restrict__ ncnt,
-     const float* __restrict__ nw, i8* __restrict__ nxq, float2* __restrict__ nxds, float* __restrict__ nss, int nkbp) {
+     const float* __restrict__ res) {
   pdl_enter();
   const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
   mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
                                       seg == 0 ? out0 : (seg == 1 ? out1 : out2),
                                       seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
                                       blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds,
-                                      K, kbp, ncols, res, xss, eps);
-  if (ncnt) norm_blocks<NW / KW * R, NW>(out0, rows0, ncols, blockIdx.x * (NW / KW) * R, ncnt, nw, nxq, nxds, nss, nkbp);
+                                      K, kbp, ncols, res);
 }
 
 // Mixture-of-experts decode: pick p (blockIdx.y) multiplies expert ids[p] of a stacked tensor

@@ -28,9 +28,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
-from .mmvq_norm import NormIn, NormOut, in_args as _norm_in_args, out_args as _norm_out_args
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
-from .xq import check_scratch as _check_scratch, scratch_bytes, xq_layout  # noqa: F401 (their users import them here)
 
 NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
 MAX_COLS = NC_BUCKETS[-1]
@@ -193,6 +191,23 @@ def _fn_any(name: str):
     return _fn(name) if name in names() else kernel("mmvq", name, (name,))
 
 
+def _round_up(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+def xq_layout(n: int, K: int) -> tuple[int, int, int]:
+    """(xds offset, xds row stride in blocks, total bytes) of the scratch: xq int8 (n, 2, K)
+    (hi and lo planes), then (d, sum) f32 pairs (n, kbp), kbp a multiple of 4 so rows stay
+    32-byte aligned."""
+    kbp = _round_up(K // 32, 4)
+    off = _round_up(2 * n * K, 256)
+    return off, kbp, off + n * kbp * 8
+
+
+def scratch_bytes(n: int, K: int) -> int:
+    return xq_layout(n, K)[2]
+
+
 def _check_x(x, what="x", max_rows: int | None = MAX_COLS):
     """x: C-contiguous f32 (n, K), 1 <= n <= max_rows (None: any n)."""
     if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
@@ -200,6 +215,14 @@ def _check_x(x, what="x", max_rows: int | None = MAX_COLS):
     n = x.shape[0]
     if max_rows is not None and not 1 <= n <= max_rows:
         raise ValueError(f"mmvq: batch of {n} columns, expected 1..{max_rows}")
+
+
+def _check_scratch(scratch, n, K):
+    need = scratch_bytes(n, K)
+    if scratch.dtype != np.uint8 or not scratch.flags.c_contiguous or scratch.nbytes < need:
+        raise ValueError(f"mmvq: scratch must be contiguous uint8 of >= {need} bytes, got {scratch.dtype} {scratch.nbytes}")
+    if scratch.data.ptr % 256:
+        raise ValueError("mmvq: scratch must be 256-aligned")
 
 
 def _stream(stream):
@@ -231,8 +254,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, units16: bool = False,
-         norm_in: NormIn | None = None, norm_out: NormOut | None = None) -> None:
+         bias=None, residual=None, split_k: bool = False, units16: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -240,14 +262,12 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row. units16, norm_in, norm_out: see mmvq_group."""
+    FLOAT_SPLIT_KW warps a row. units16: see mmvq_group."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, units16=units16, norm_in=norm_in, norm_out=norm_out)
+                   biases=[bias], residual=residual, units16=units16)
         return
-    if norm_in is not None or norm_out is not None:
-        raise ValueError(f"mmvq: the folded norm is for quantized weights, not {qt.name}")
     _check_x(x)
     n, K = x.shape
     rows = w.shape[0]
@@ -270,14 +290,11 @@ MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, units16: bool = False, norm_in: NormIn | None = None,
-               norm_out: NormOut | None = None) -> None:
+               biases=None, residual=None, units16: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order.
-    norm_in: x is x * w of an rmsnorm unscaled (mmvq_norm); norm_out: a single matrix's output's
-    rmsnorm left behind for the launches that take it as norm_in."""
+    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
@@ -296,7 +313,6 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         _check_f32(b, (w.shape[0],), "bias")
     _check_f32(residual, (n, ws[0].shape[0]), "residual")
     nc = bucket(n)
-    norm = _norm_in_args(norm_in, n, K) + _norm_out_args(norm_out, n, ws[0].shape[0], len(ws))
     if scratch is None:
         if x_quantized:
             raise ValueError("mmvq: x_quantized needs the scratch that holds it")
@@ -327,4 +343,4 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), *norm))
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))

@@ -91,22 +91,6 @@ def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
 
 
-@pytest.mark.parametrize("arch,quant,B", [("qwen2", "q4_k_m", 1), ("qwen2", "q4_k_m", 4), ("llama", "q6_k", 1),
-                                          ("qwen3", "q4_k", 8), ("qwen3moe", "q4_k", 1)])
-def test_deferred_norm_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
-    """Decode graphs with the rmsnorms between mat-vecs folded into them (the pending path
-    deferred_norm, kernels/mmvq_norm.cuh) against the norm's own launch: x * w quantized where the
-    launch quantizes the normed x, so the logits agree within the paths' tolerance and pick the
-    same greedy tokens. The MoE folds none of its MLP's norms (its router reads them in f32)."""
-    from minferd.backend import pending
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"deferred_norm"} if on else pending.WAITING | {"deferred_norm"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
-    assert np.abs(outs[0] - outs[1]).max() <= 1e-3 * np.abs(outs[0]).max()
-    assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
-
-
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_a_short_step_with_prefill_runs_as_decode_rows(synth_model, path):
     """A step of a prefill chunk after cached keys (a prefix hit), a whole short prompt and a

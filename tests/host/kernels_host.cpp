@@ -59,10 +59,6 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 static inline int __shfl_xor_sync(unsigned, int v, int) { return v; }
-// mmvq_norm.cuh's cross-CTA hand-off: one thread here, so plain memory.
-static inline void __threadfence() {}
-static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p += v; return old; }
-static inline float __ldcg(const float* p) { return *p; }
 static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
 #include "dequant.cu"

@@ -65,19 +65,3 @@ def test_gemma_layer_pattern(synth_model):
     s = load_local(synth_model("gemma3", "f32"), "mmq", threads=1).spec
     assert s.sliding_window == 16 and s.swa_layers == (True,) * 5 + (False,)
     assert s.rope_base_swa == 10000.0 and s.rope_base == 1e6 and s.tied_embeddings
-
-
-@pytest.mark.parametrize("arch,folds", [("qwen2", {"attn", "ffn", "output"}), ("llama", {"attn", "ffn", "output"}),
-                                        ("qwen3", {"attn", "ffn", "output"}), ("qwen3moe", {"attn", "output"}),
-                                        ("gemma3", set()), ("gpt-oss", set())])
-def test_folded_norms_are_those_only_quantized_matmuls_read(synth_model, arch, folds):
-    """LlamaModel.folded_norms: the norms a backend may fold into the matmul before them
-    (Backend.matmul's then_norm). An MoE's router reads its MLP's norm in f32, and a class with
-    its own layer names none; with f32 q/k/v, gate/up and output nothing is folded."""
-    lm = load_local(synth_model(arch, "q4_k"), "mmq", threads=1)
-    kinds = {n.split(".")[-2].split("_")[0] for n in lm.model.folded}
-    assert kinds == folds
-    assert all(lm.model.folded[n][0] is lm.model.w[n] for n in lm.model.folded)
-    if folds:
-        assert len([n for n in lm.model.folded if n.startswith("blk.")]) == len(folds - {"output"}) * lm.spec.n_layers
-    assert not load_local(synth_model(arch, "f32"), "mmq", threads=1).model.folded

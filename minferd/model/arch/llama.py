@@ -33,7 +33,6 @@ class LlamaModel:
         self.output = weights.get("output.weight") or weights["token_embd.weight"]
         ff = weights.get("rope_freqs.weight")
         self.freq_factors = None if ff is None else ff.data
-        self.folded = self.folded_norms()
 
     # ---- the tensors a file must hold -----------------------------------------------------
     @classmethod
@@ -136,42 +135,18 @@ class LlamaModel:
     def layer(self, i: int, x, batch: Batch, cache: KVCache):
         s, be, p = self.spec, self.be, f"blk.{i}."
         h = be.rmsnorm(x, self.w[p + "attn_norm.weight"], s.norm_eps)
-        x = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"], residual=x,
-                      then_norm=self.folded.get(p + "ffn_norm.weight"))
+        x = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"], residual=x)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
         return self.mlp(p, h, residual=x)
-
-    def folded_norms(self) -> dict[str, tuple]:
-        """norm name -> (weight, eps) for the norms that the matmul before them may fold in
-        (Backend.matmul's then_norm): those that only this class's own quantized q/k/v, gate/up or
-        output matmuls read. A subclass with its own layer, attention or MLP folds none of theirs."""
-        s, w, cls = self.spec, self.w, type(self)
-        if cls.layer is not LlamaModel.layer:
-            return {}
-        quantized = lambda *names: all(w[n].qtype.is_quantized for n in names)  # noqa: E731
-        out = {}
-        for i in range(s.n_layers):
-            p = f"blk.{i}."
-            if cls.attention is LlamaModel.attention and quantized(*(p + f"attn_{t}.weight" for t in "qkv")):
-                out[p + "attn_norm.weight"] = (w[p + "attn_norm.weight"], s.norm_eps)
-            if cls.mlp is LlamaModel.mlp and quantized(p + "ffn_gate.weight", p + "ffn_up.weight"):
-                out[p + "ffn_norm.weight"] = (w[p + "ffn_norm.weight"], s.norm_eps)
-        if self.output.qtype.is_quantized:
-            out["output_norm.weight"] = (w["output_norm.weight"], s.norm_eps)
-        return out
-
-    @staticmethod
-    def _norm_after_name(i: int, n_layers: int) -> str:
-        return f"blk.{i + 1}.attn_norm.weight" if i + 1 < n_layers else "output_norm.weight"
 
     def norm_after(self, i: int) -> tuple:
         """(weight, eps) of the rmsnorm that reads layer i's output: the next layer's input norm, or
         the output norm (Backend.moe's then_norm)."""
-        return self.w[self._norm_after_name(i, self.spec.n_layers)], self.spec.norm_eps
+        name = f"blk.{i + 1}.attn_norm.weight" if i + 1 < self.spec.n_layers else "output_norm.weight"
+        return self.w[name], self.spec.norm_eps
 
     def mlp(self, p: str, h, residual):
         """The feed-forward half of layer `p`, its output added to the residual."""
         be = self.be
         g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
-        after = self._norm_after_name(int(p.split(".")[1]), self.spec.n_layers)
-        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=residual, then_norm=self.folded.get(after))
+        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=residual)
