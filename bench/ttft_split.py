@@ -1,0 +1,116 @@
+"""Where a time to first token goes outside the engine: MODEL served by a real daemon (over a unix
+socket) whose modules are stamped (bench/ttft_split_site), REPS one-token generations of a prompt
+of TOKENS ids, and the median time of each stamp from the client's call, the client's receipt last.
+
+    python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines]
+
+--lines also times every line the engine thread runs in the backend's and the engine's files
+(sitecustomize.LINE_FILES): a request's total per line, largest first. Tracing slows each line
+several-fold, so read those as where the waits are, not as what they cost untraced.
+Session 23 on the H200 (bench/results/s23/call3-stamps.log): the 0.5B's 16-token request, 2.77 ms:
+the handler at 0.39 ms, queued at 0.52, the graph launched by ~0.75, the token sampled at 2.31,
+the handler has it at 2.45, the client at 2.77.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
+sys.path.insert(0, str(ROOT / "bench"))
+
+import serve  # noqa: E402  (bench/serve.py: its channel and model name)
+from minferd._proto import pb2, pb2_grpc  # noqa: E402
+from minferd.spawn import start_daemon, stop_daemon  # noqa: E402
+
+WARM_REPS = 50  # requests before the timed ones (graphs captured, caches warm)
+
+
+def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path) -> list[tuple[int, int]]:
+    """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`."""
+    env = {"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "bench" / "ttft_split_site"),
+                                                     os.environ.get("PYTHONPATH")) if p)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # start_daemon hands its environment to the daemon
+    tmp = tempfile.TemporaryDirectory(prefix="minferd-split-", dir="/tmp")
+    try:
+        d = start_daemon(Path(tmp.name), ["--models-dir", str(model.parent), "--device", device])
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    calls = []
+    try:
+        stub = pb2_grpc.MinferdStub(serve.channel(d["address"]))
+        list(stub.LoadModel(pb2.LoadModelRequest(name=serve.MODEL_NAME, path=model.name, ctx=64, pinned=True,
+                                                 keep_alive_seconds=-1.0), timeout=600))
+        req = pb2.GenerateRequest(model=serve.MODEL_NAME, ids=pb2.TokenIds(ids=list(range(300, 300 + tokens))),
+                                  sampling=pb2.SamplingParams(temperature=0.0, max_tokens=1))
+        for i in range(WARM_REPS + reps):
+            t = time.perf_counter_ns()
+            events = stub.Generate(req, timeout=60)
+            next(events)
+            got = time.perf_counter_ns()
+            list(events)
+            if i >= WARM_REPS:
+                calls.append((t, got))
+    finally:
+        stop_daemon(d["pid"])  # its stamps are written as it exits
+        tmp.cleanup()
+    return calls
+
+
+def split(calls, stamps: Path) -> tuple[dict, dict]:
+    """Per stamp, its times from the call (us); per traced line, the time to the next stamp (us)."""
+    rows = [line.rstrip("\n").rsplit("\t", 1) for line in stamps.read_text().splitlines()]
+    rows = sorted((int(t), name) for name, t in rows)
+    at, lines = collections.defaultdict(list), collections.defaultdict(list)
+    i = 0
+    for t, got in calls:
+        while i < len(rows) and rows[i][0] < t:
+            i += 1
+        j = i
+        while j < len(rows) and rows[j][0] <= got:
+            x, name = rows[j]
+            if name.startswith("line "):
+                if j + 1 < len(rows):
+                    lines[name].append((rows[j + 1][0] - x) / 1e3)
+            else:
+                at[name].append((x - t) / 1e3)
+            j += 1
+        at["client has it"].append((got - t) / 1e3)
+    return at, lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=150)
+    ap.add_argument("--lines", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="minferd-stamps-") as d:
+        stamps = Path(d) / "stamps.tsv"
+        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps)
+        at, lines = split(calls, stamps)
+    print(f"{args.model.name} on {args.device}: {args.tokens}-token prompt, 1 token, {len(calls)} requests; "
+          f"median us from the client's call (n: stamps seen in the window)")
+    for name, v in sorted(at.items(), key=lambda kv: statistics.median(kv[1])):
+        print(f"  {name:22s} {statistics.median(v):9.1f}  (n={len(v)})")
+    if lines:
+        print("traced lines, time to the next stamp: us a request (mean), median a pass, passes a request")
+        for name, v in sorted(lines.items(), key=lambda kv: -sum(kv[1]))[:40]:
+            print(f"  {sum(v) / len(calls):8.1f} {statistics.median(v):7.1f} x{len(v) / len(calls):4.1f}  {name[5:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

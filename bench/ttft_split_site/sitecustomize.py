@@ -1,0 +1,97 @@
+"""Loaded by a daemon that bench/ttft_split.py starts (this folder first on its PYTHONPATH), and a
+no-op anywhere else: with MINFERD_STAMPS=FILE it stamps (perf_counter_ns, one clock for every
+process of the machine) where a request is on its way through the daemon, and writes them to FILE
+at exit. MINFERD_STAMP_LINES=1 adds every line the engine thread runs in the files of LINE_FILES:
+the gaps between them show where it waits (a copy, a launch, a sync); tracing slows each line."""
+import atexit
+import os
+import threading
+import time
+
+STAMPS = os.environ.get("MINFERD_STAMPS")
+LINE_FILES = ("backend/cuda.py", "backend/cuda_graph.py", "backend/cuda_sample.py", "backend/batch.py",
+              "engine/engine.py", "kernels/sample.py", "kernels/launch.py")
+
+
+def _install():
+    import queue
+    import types
+
+    stamps = []
+
+    def stamp(name):
+        stamps.append((name, time.perf_counter_ns()))
+
+    def dump():
+        with open(STAMPS, "w") as f:
+            f.writelines(f"{n}\t{t}\n" for n, t in stamps)
+
+    atexit.register(dump)
+
+    def wrap(cls, name, label, generator=False):
+        f = getattr(cls, name)
+        if generator:
+            def g(*a, **k):
+                stamp(label)
+                for x in f(*a, **k):
+                    stamp(label + ".item")
+                    yield x
+                    stamp(label + ".resumed")
+        else:
+            def g(*a, **k):
+                stamp(label)
+                try:
+                    return f(*a, **k)
+                finally:
+                    stamp(label + ".end")
+        setattr(cls, name, g)
+
+    def stamped_queue(label):
+        class Q(queue.SimpleQueue):
+            def get(self, *a, **k):
+                stamp(label + ".get")
+                item = super().get(*a, **k)
+                stamp(label + ".got")
+                return item
+
+            def put(self, *a, **k):
+                stamp(label + ".put")
+                super().put(*a, **k)
+        return Q
+
+    def patch():
+        import minferd.decode_guard as guard
+        import minferd.engine.engine as engine
+        import minferd.engine.sequence as sequence
+        import minferd.server as server
+        wrap(guard.DecodeGuard, "intercept_service", "intercept")
+        wrap(server.MinferdServicer, "Generate", "generate", generator=True)
+        wrap(server.MinferdServicer, "_prepare_model", "prepare")
+        wrap(server.MinferdServicer, "_stream", "stream", generator=True)
+        wrap(engine.ModelEngine, "step", "step")
+        wrap(engine.ModelEngine, "_forward", "forward")
+        wrap(engine.ModelEngine, "_postprocess", "post")
+        wrap(sequence.Sequence, "flush", "flush")
+        sequence.queue = types.SimpleNamespace(SimpleQueue=stamped_queue("events"))
+        engine.queue = types.SimpleNamespace(SimpleQueue=stamped_queue("inbox"), Empty=queue.Empty)
+
+    def tracer(frame, event, arg):
+        path = frame.f_code.co_filename
+        if not path.endswith(LINE_FILES) or not threading.current_thread().name.startswith("minferd-model"):
+            return None
+        where = f"line {path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+
+        def local(frame, event, arg):
+            if event in ("line", "return"):
+                stamp(f"{where}:{frame.f_lineno if event == 'line' else 'return'}")
+            return local
+        return local
+
+    if os.environ.get("MINFERD_STAMP_LINES"):
+        threading.settrace(tracer)  # threads started from now on: the engine's
+
+    patch()  # the daemon's modules, imported here rather than by serve: the same ones
+
+
+if STAMPS:
+    _install()
