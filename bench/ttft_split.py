@@ -35,17 +35,12 @@ WARM_REPS = 50  # requests before the timed ones (graphs captured, caches warm)
 
 def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path) -> list[tuple[int, int]]:
     """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`."""
-    env = {"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "bench" / "ttft_split_site"),
-                                                     os.environ.get("PYTHONPATH")) if p)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # start_daemon hands its environment to the daemon
+    # start_daemon hands this process's environment to the daemon (a one-shot script: no restore)
+    os.environ.update({"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
+                       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "bench" / "ttft_split_site"),
+                                                                 os.environ.get("PYTHONPATH")) if p)})
     tmp = tempfile.TemporaryDirectory(prefix="minferd-split-", dir="/tmp")
-    try:
-        d = start_daemon(Path(tmp.name), ["--models-dir", str(model.parent), "--device", device])
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    d = start_daemon(Path(tmp.name), ["--models-dir", str(model.parent), "--device", device])
     calls = []
     try:
         stub = pb2_grpc.MinferdStub(serve.channel(d["address"]))
