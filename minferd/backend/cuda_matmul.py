@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -54,7 +54,7 @@ class CudaMatmuls:
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     units16=_units16(w.qtype, w.row_elems, n), early=pending.ready("early_weights"))
+                     units16=_units16(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
@@ -65,8 +65,7 @@ class CudaMatmuls:
             if kernel == "small":
                 mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
             else:
-                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config,
-                              early=pending.ready("early_weights"))
+                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -134,8 +133,7 @@ class CudaMatmuls:
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n),
-                           early=pending.ready("early_weights"))
+                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
 

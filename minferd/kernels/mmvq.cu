@@ -77,14 +77,11 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
 // compiler keeps them together), then decodes and multiplies the valid ones. This is one CTA's
 // share (bx: its index among the CTAs of its matrix), which mmvq and mmvq_ids both run.
-// early: the caller has not passed pdl_enter yet; the lane's first step of weights is fetched
-// before it (weights are never written by a graph's nodes, so in a programmatic launch those
-// loads overlap the node before this one instead of starting after it).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
                                           const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
-                                          int ncols, const float* __restrict__ res, bool early) {
+                                          int ncols, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
@@ -101,8 +98,7 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = W + (i64)min(row0 + r, nrows - 1) * row_bytes;  // tail rows: redo the last, discard
 
-  // One trip: UNR units of each row fetched, then used; wait: pdl_enter between the two.
-  auto trip = [&](int i0, bool wait) {
+  for (int i0 = kw * 32 + lane; i0 < nunits; i0 += STEP * UNR) {
     Unit w[UNR][R];
 #pragma unroll
     for (int k = 0; k < UNR; ++k) {
@@ -110,7 +106,6 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 #pragma unroll
       for (int r = 0; r < R; ++r) w[k][r].fetch(rowp[r] + (i64)(i / U) * BB, i % U);
     }
-    if (wait) pdl_enter();
 #pragma unroll
     for (int k = 0; k < UNR; ++k) {
       const int i = i0 + STEP * k;
@@ -130,14 +125,7 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
         }
       }
     }
-  };
-  int i0 = kw * 32 + lane;
-  if (early && i0 < nunits) {  // the first trip's weights on their way before the wait
-    trip(i0, true);
-    i0 += STEP * UNR;
   }
-  for (; i0 < nunits; i0 += STEP * UNR) trip(i0, false);
-  if (early) pdl_enter();  // a lane with no unit (short rows) has not; for the others it returns at once
   if constexpr (KW == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -176,14 +164,14 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
      int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res, int early) {
-  if (!early) pdl_enter();
+     const float* __restrict__ res) {
+  pdl_enter();
   const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
   mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
                                       seg == 0 ? out0 : (seg == 1 ? out1 : out2),
                                       seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
                                       blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds,
-                                      K, kbp, ncols, res, early);
+                                      K, kbp, ncols, res);
 }
 
 // Mixture-of-experts decode: pick p (blockIdx.y) multiplies expert ids[p] of a stacked tensor
@@ -206,7 +194,7 @@ mmvq_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_bytes, 
   const float* __restrict__ b = blockIdx.z ? B2 : B;
   mmvq_rows<TYPE, 1, NW, KW, R, UNR>(w + (i64)e * expert_bytes, nrows, o + (i64)p * nrows,
                                      b ? b + (i64)e * nrows : nullptr, blockIdx.x, row_bytes, nb,
-                                     xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1, nullptr, false);
+                                     xq + (i64)c * 2 * K, xds + (i64)c * kbp, K, kbp, 1, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------

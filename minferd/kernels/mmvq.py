@@ -254,7 +254,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, units16: bool = False, early: bool = False) -> None:
+         bias=None, residual=None, split_k: bool = False, units16: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -262,11 +262,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row. units16, early: see mmvq_group."""
+    FLOAT_SPLIT_KW warps a row. units16: see mmvq_group."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, units16=units16, early=early)
+                   biases=[bias], residual=residual, units16=units16)
         return
     _check_x(x)
     n, K = x.shape
@@ -290,13 +290,11 @@ MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, units16: bool = False, early: bool = False) -> None:
+               biases=None, residual=None, units16: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order.
-    early: each lane fetches its first weights before pdl_enter (the same bits; in a programmatic
-    launch those loads overlap the node before)."""
+    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
@@ -345,4 +343,4 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), np.int32(early)))
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))

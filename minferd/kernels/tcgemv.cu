@@ -38,7 +38,7 @@ template <typename T> __host__ __device__ constexpr int stage_row() { return 256
 template <int TYPE, int NT8, int RT, int KW, int PF>
 __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps,
                                         const u16* __restrict__ x16, int row0, int z, u16* xs,
-                                        float (&acc)[RT][NT8][4], bool early) {
+                                        float (&acc)[RT][NT8][4]) {
   typedef TcW<TYPE> T;
   constexpr int SB = 256 / T::QK, XS = stage_row<T>(), TOK = 8 * NT8;
   const int lane = threadIdx.x & 31, kw = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -121,7 +121,6 @@ __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes,
 #pragma unroll
   for (int i = 0; i < PF; ++i)
     if (b0 + i < b1) fetch(w[i], b0 + i);
-  if (early) pdl_enter();  // the caller has not: the first blocks' weights are on their way (mmvq_rows)
   stage(0, b0);
   if constexpr (SB == 1) {
     // 256-element blocks (one a stage): a ring, block b in w[(b - b0) % R], the loop R blocks a
@@ -183,12 +182,12 @@ template <int TYPE, int NT8, int RT, int KW, int PF>
 __global__ void __launch_bounds__(KW * 32)
 tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
        float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
-       float* __restrict__ part, int early) {
-  if (!early) pdl_enter();
+       float* __restrict__ part) {
+  pdl_enter();
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
   const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
   float acc[RT][NT8][4];
-  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc, early);
+  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
 #pragma unroll
   for (int t = 0; t < RT; ++t)
 #pragma unroll
@@ -228,13 +227,13 @@ __device__ __forceinline__ float ld_cluster(u32 local, u32 rank) {
 template <int TYPE, int NT8, int RT, int KW, int PF, int CL>
 __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(KW * 32)
 tcgemv_cl(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
-          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res, int early) {
-  if (!early) pdl_enter();
+          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+  pdl_enter();
   constexpr int NE = RT * NT8 * 4, NTH = KW * 32;
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS], then this CTA's sums [NE][NTH] (f32)
   const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
   float acc[RT][NT8][4];
-  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc, early);
+  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
   float* sums = reinterpret_cast<float*>(xs);  // tc_sums ends behind a barrier: xs is free
 #pragma unroll
   for (int t = 0; t < RT; ++t)

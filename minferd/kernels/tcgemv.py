@@ -138,15 +138,14 @@ def ctas_per_sm(qt, M: int, config: str = CONFIG) -> int:
 
 
 def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None, config: str = CONFIG,
-           split: int | None = None, early: bool = False) -> None:
+           split: int | None = None) -> None:
     """out (M, N) = x16 @ dequant(w).T (+ bias (N,)) (+ residual (M, N)).
 
     qt: a SUPPORTED type; w: cupy uint8 (N, row_bytes) rows (C-contiguous or a row slice);
     x16: cupy f16 (M, K) C-contiguous, 16-aligned, 1 <= M <= MAX_M, K % 32 == 0;
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
     config: a CONFIGS key, split: the K splits instead of splits()'s (benchmarks and tests; a
-    cluster config takes 1 or a cluster size); early: a warp fetches its first blocks before
-    pdl_enter (the same bits; in a programmatic launch those loads overlap the node before)."""
+    cluster config takes 1 or a cluster size)."""
     qt = _qt(qt)
     if config not in CONFIGS:
         raise ValueError(f"tcgemv: unknown config {config!r}")
@@ -182,9 +181,9 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     with _stream(stream):
         if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
             assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
-            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args + (np.int32(early),), shared_mem=smem)
+            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args, shared_mem=smem)
             return
         part = partials("tcgemv", part, need) if need else None
-        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part), np.int32(early)), shared_mem=smem)
+        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part),), shared_mem=smem)
         if need:
             split_sum(part, s, M, N, bias, residual, out)

@@ -77,22 +77,6 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("qwen2", "q8_0"), ("qwen3moe", "q4_k")])
-@pytest.mark.parametrize("B", [1, 16])
-def test_early_weights_changes_no_bit(synth_model, arch, quant, B, monkeypatch):
-    """Decode graphs (programmatic launch on) whose mat-vecs fetch their first weights before
-    pdl_enter replay to the same bits as without: mmvq at 1 row, tcgemv at 16 (an MoE's
-    mmvq_ids waits first either way: its rows depend on the router): what lets
-    backend/pending.py's early_weights on."""
-    from minferd.backend import pending
-    monkeypatch.setenv("MINFERD_PDL", "64")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"early_weights"} if on else pending.WAITING | {"early_weights"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's

@@ -103,28 +103,6 @@ def test_float_split_k_is_the_reference(name, rows, K, n, to_device):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
-@pytest.mark.parametrize("n", [1, 8])
-def test_early_weights_changes_nothing(name, n, to_device):
-    """early (a lane's first weights fetched before pdl_enter) gives the same bits, for a group of
-    three matrices of 67, 5 and 130 rows (partial last CTAs; the 5-row one leaves whole warps
-    without rows) starting at an odd block, in every shape class's config: what lets
-    backend/pending.py's early_weights on."""
-    qt = TYPES[name]
-    rng = np.random.default_rng(90 + qt.ggml_id + n)
-    K = qt.block_elems * 7
-    raws = [random_blocks(qt, rows + 1, K, rng) for rows in (67, 5, 130)]
-    ws = [to_device(raw, qt.block_bytes)[1:] for raw in raws]
-    x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
-    for cfg in dict.fromkeys(mv.CONFIGS[name][mv.bucket(n)].values()):
-        got = []
-        for early in (False, True):
-            outs = [poisoned((n, w.shape[0]), cp.float32) for w in ws]
-            mv.mmvq_group(qt, ws, x, outs, config=cfg, early=early)
-            got.append(outs)
-        assert all(cp.array_equal(a, b) for a, b in zip(*got)), f"{name} {cfg}"
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
 def test_mmvq_every_config(name, to_device):
     """Every kernel variant the sweep may pick as a default, at a shape that leaves partial
     row groups and units past the row's end (37 rows of 7 blocks), starting on an odd block."""

@@ -61,24 +61,6 @@ def test_bias_residual_and_splits(name, split, to_device, monkeypatch):
     assert err < TOL, f"{name} split={split}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("M", [9, 16, 33, 64])
-def test_tcgemv_early_changes_nothing(name, M, to_device):
-    """early (a warp's first blocks fetched before pdl_enter) gives the same bits with K split
-    over global partials, over a cluster and not at all, rows starting one block in: what lets
-    backend/pending.py's early_weights on."""
-    qt = TYPES[name]
-    rng = np.random.default_rng(40 + qt.ggml_id + M)
-    for N, nblocks in ((200, 24), (71, 7), (40, 64)):
-        K = blocks(qt, nblocks)
-        raw = random_blocks(qt, N + 1, K, rng)
-        w = to_device(raw, qt.block_bytes)[1:]
-        x = rng.standard_normal((M, K)).astype(np.float32)
-        for config in tc.CONFIGS:
-            a, b = (run(qt, w, x, config=config, early=e) for e in (False, True))
-            assert cp.array_equal(a, b), f"{name} M={M} N={N} K={K} {config}"
-
-
 @pytest.mark.parametrize("name,N,K", [("Q4_K", 3584, 3584), ("Q4_K", 18944, 3584), ("Q6_K", 3584, 18944),
                                        ("Q6_K", 152064, 3584), ("Q8_0", 512, 3584)])
 @pytest.mark.parametrize("M", [16, 64])
