@@ -27,7 +27,11 @@ from minferd.config import valve
 # costs more than the norm's own node under programmatic launch. It went. Session 24 saw early_weights
 # (mmvq and tcgemv fetching their first weights before pdl_enter) pass and change nothing (7B decode
 # 400.7 / 401.9 tok/s without, 402.9 / 389.9 with, in turns in one call): it went.
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "mmvq_stream": "one decode column of Q4_K / Q5_K through mmvq.cu's mmvq_stream (rows into shared memory by "
+                   "bulk copies, persistent CTAs) instead of mmvq: test_mmvq_stream.py, test_engine_cuda.py's "
+                   "test_mmvq_stream_decodes_the_same",
+}
 
 
 def _run_anyway() -> set[str]:
