@@ -362,9 +362,9 @@ template <> struct StreamUnit<T_Q5_K> { typedef UQ5_K_S T; };
 template <int TYPE, int RB>
 __global__ void __launch_bounds__(256)
 mmvq_stream(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
-            int rows2, int it1, int it2, int items, float* __restrict__ out0, float* __restrict__ out1,
+            int rows2, int it1, int it2, float* __restrict__ out0, float* __restrict__ out1,
             float* __restrict__ out2, const float* __restrict__ bias0, const float* __restrict__ bias1,
-            const float* __restrict__ bias2, i64 row_bytes, int nb, const i8* __restrict__ xq,
+            const float* __restrict__ bias2, int items, i64 row_bytes, int nb, const i8* __restrict__ xq,
             const float2* __restrict__ xds, int K, int kbp, const float* __restrict__ res, int S, int stage_bytes) {
   static_assert(RB == 1 || RB == 2 || RB == 4 || RB == 8, "an item is 1, 2, 4 or 8 rows");
   extern __shared__ __align__(128) u8 smem[];
