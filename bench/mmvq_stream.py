@@ -4,7 +4,7 @@ and % of the copy ceiling. Each figure is a graph of back-to-back launches over 
 together pass 3x the L2 (bench/kernels.py's time_graph), captured without and with programmatic
 launch (a decode graph's nodes carry it: kernels/launch.py).
 
-    PYTHONPATH=. python bench/mmvq_stream.py [--configs 16384:4:2,8192:8:2] [--types Q4_K] [--json F]
+    PYTHONPATH=. python bench/mmvq_stream.py [--configs 16384:4:2:1,8192:4:4:2] [--types Q4_K] [--json F]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SHAPES = {"7b qkv": ((3584, 512, 512), 3584), "7b o": ((3584,), 3584), "7b gate+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default="16384:4:2,8192:8:2,16384:8:1,32768:4:1,4096:16:2")
+    ap.add_argument("--configs", default="16384:4:2:1,16384:4:2:2,16384:4:3:1,8192:4:4:1,8192:4:4:2,16384:6:2:2")
     ap.add_argument("--types", default="Q4_K")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)

@@ -326,8 +326,10 @@ mmv_float_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_by
 // Row bytes must be a multiple of 16 and W 16-aligned (the bulk copy's rule): Q4_K, Q5_K.
 #ifndef MINFERD_HOST_TEST
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
+__device__ __forceinline__ void bar_expect(u64* bar, u32 bytes) {  // the barrier's one arrival, and its bytes
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
@@ -338,15 +340,23 @@ __device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
                  : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
-// The units of the streamed types, read from the stage (generic loads: shared memory).
-struct UQ4_K_S : UQ4_K {
+// The units of the streamed types, weights and x both read from shared memory (generic loads).
+template <class Base> struct SmemX : Base {
+  __device__ typename Base::X xload(const i8* xq, int lo, const float2* xds) const {
+    const i8* p0 = xq + 64 * this->c + 16 * this->k;
+    const i8* p1 = p0 + 32;
+    auto ld = [](const i8* p) { return *reinterpret_cast<const int4*>(p); };
+    return {ld(p0), ld(p0 + lo), ld(p1), ld(p1 + lo), *reinterpret_cast<const float4*>(xds + 2 * this->c)};
+  }
+};
+struct UQ4_K_S : SmemX<UQ4_K> {
   __device__ void fetch(const u8* blk, int u) {
     c = u >> 1; k = u & 1;
     hdr = *reinterpret_cast<const uint4*>(blk);
     v = *reinterpret_cast<const uint4*>(blk + 16 + 32 * c + 16 * k);
   }
 };
-struct UQ5_K_S : UQ5_K {
+struct UQ5_K_S : SmemX<UQ5_K> {
   __device__ void fetch(const u8* blk, int u) {
     c = u >> 1; k = u & 1;
     hdr = *reinterpret_cast<const uint4*>(blk);
@@ -358,18 +368,24 @@ template <int TYPE> struct StreamUnit;
 template <> struct StreamUnit<T_Q4_K> { typedef UQ4_K_S T; };
 template <> struct StreamUnit<T_Q5_K> { typedef UQ5_K_S T; };
 
-// 8 warps; RB (1, 2, 4 or 8) rows an item, 8 / RB warps splitting each row's units.
-template <int TYPE, int RB>
+// 8 warps; RB (1, 2, 4 or 8) rows an item, in groups of R = min(2, RB) rows (one x load serves
+// both, as in mmvq's configs), 8 R / RB warps splitting each group's units, UNR units a lane a trip.
+// Shared memory: S + 1 barriers (128 bytes), x (both planes, then the (d, sum) pairs: x_bytes,
+// copied once after pdl_enter), then the S stages of stage_bytes.
+template <int TYPE, int RB, int UNR>
 __global__ void __launch_bounds__(256)
 mmvq_stream(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
             int rows2, int it1, int it2, float* __restrict__ out0, float* __restrict__ out1,
             float* __restrict__ out2, const float* __restrict__ bias0, const float* __restrict__ bias1,
             const float* __restrict__ bias2, int items, i64 row_bytes, int nb, const i8* __restrict__ xq,
-            const float2* __restrict__ xds, int K, int kbp, const float* __restrict__ res, int S, int stage_bytes) {
+            const float2* __restrict__ xds, int K, const float* __restrict__ res, int S, int stage_bytes,
+            int x_bytes) {
   static_assert(RB == 1 || RB == 2 || RB == 4 || RB == 8, "an item is 1, 2, 4 or 8 rows");
+  constexpr int R = RB < 2 ? RB : 2, KW = 8 * R / RB;
   extern __shared__ __align__(128) u8 smem[];
-  u64* bars = reinterpret_cast<u64*>(smem);  // S <= 16 of them, then the stages from byte 128
-  u8* stages = smem + 128;
+  u64* bars = reinterpret_cast<u64*>(smem);  // stage s's barrier is bars[s], x's bars[S]
+  i8* xs = reinterpret_cast<i8*>(smem + 128);
+  u8* stages = smem + 128 + x_bytes;
   struct Item { const u8* w; int rows, r0, seg; };
   auto item_at = [&](int it) {
     const int seg = it < it1 ? 0 : (it < it2 ? 1 : 2);
@@ -379,26 +395,35 @@ mmvq_stream(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __re
   };
   auto issue = [&](int it, int s) {
     const Item t = item_at(it);
-    bulk_load(stages + (i64)s * stage_bytes, t.w + (i64)t.r0 * row_bytes, (u32)(t.rows * row_bytes), bars + s);
+    const u32 bytes = (u32)(t.rows * row_bytes);
+    bar_expect(bars + s, bytes);
+    bulk_copy(stages + (i64)s * stage_bytes, t.w + (i64)t.r0 * row_bytes, bytes, bars + s);
   };
   const int G = gridDim.x;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s)
+    for (int s = 0; s <= S; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(smem_u32(bars + s)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
     for (int s = 0; s < S && blockIdx.x + s * G < items; ++s) issue(blockIdx.x + s * G, s);
   }
   __syncthreads();
   pdl_enter();  // only now x, the bias and the residual (the node before may have written them)
+  if (threadIdx.x == 0) {
+    bar_expect(bars + S, (u32)(2 * K + K / 4));
+    bulk_copy(xs, xq, (u32)(2 * K), bars + S);
+    bulk_copy(xs + 2 * K, xds, (u32)(K / 4), bars + S);
+  }
+  bar_wait(bars + S, 0);
+  const float2* xd = reinterpret_cast<const float2*>(xs + 2 * K);
   for (int j = 0, it = blockIdx.x; it < items; ++j, it += G) {
     const int s = j % S;
     bar_wait(bars + s, (u32)(j / S) & 1u);
     const Item t = item_at(it);
     float* out = t.seg == 0 ? out0 : (t.seg == 1 ? out1 : out2);
     const float* bias = t.seg == 0 ? bias0 : (t.seg == 1 ? bias1 : bias2);
-    mmvq_rows<TYPE, 1, 8, 8 / RB, 1, 1, typename StreamUnit<TYPE>::T>(
-        stages + (i64)s * stage_bytes, t.rows, out + t.r0, bias ? bias + t.r0 : nullptr, 0, row_bytes, nb, xq, xds,
-        K, kbp, 1, res ? res + t.r0 : nullptr);
+    mmvq_rows<TYPE, 1, 8, KW, R, UNR, typename StreamUnit<TYPE>::T>(
+        stages + (i64)s * stage_bytes, t.rows, out + t.r0, bias ? bias + t.r0 : nullptr, 0, row_bytes, nb, xs, xd,
+        K, 0, 1, res ? res + t.r0 : nullptr);
     __syncthreads();  // every warp is done with stage s
     if (threadIdx.x == 0 && it + S * G < items) issue(it + S * G, s);
   }

@@ -148,16 +148,17 @@ def _float_ids_name(qt: QuantType, vec: int) -> str:
 # mmvq_stream (mmvq_stream.py): one column through shared memory by bulk copies, items of RB rows.
 STREAM_TYPES = ("Q4_K", "Q5_K")
 STREAM_RBS = (1, 2, 4, 8)
+STREAM_UNRS = (1, 2)
 
 
-def stream_name(qt: QuantType, rb: int) -> str:
-    return f"mmvq_stream<{qt.ggml_id}, {rb}>"
+def stream_name(qt: QuantType, rb: int, unr: int) -> str:
+    return f"mmvq_stream<{qt.ggml_id}, {rb}, {unr}>"
 
 
 def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in STREAM_TYPES:
-        names += [stream_name(TYPES[name], rb) for rb in STREAM_RBS]
+        names += [stream_name(TYPES[name], rb, u) for rb in STREAM_RBS for u in STREAM_UNRS]
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
         if name in UNITS16_IDS:  # one column only (cuda_matmul._units16)

@@ -1,6 +1,7 @@
 """Launcher of mmvq.cu's mmvq_stream: out (1, rows) = x (1, K) @ dequant(W).T (+ bias) (+ residual)
 for one decode column, W's rows brought into shared memory by the copy engine (cp.async.bulk) in
-items of RB rows, a ring of `stages` items a CTA, `ctas_per_sm` persistent CTAs an SM.
+items of RB rows, a ring of `stages` items a CTA, `ctas_per_sm` persistent CTAs an SM; x (its
+int8 planes and scales) copied once a CTA into shared memory too.
 
 Same arguments and checks as mmvq.mmvq_group (up to three matrices of one type and K reading one
 x), the same products summed in another order (mmvq_rows with 8 warps over an item's rows). The
@@ -14,12 +15,13 @@ import numpy as np
 
 from . import kernel
 from .mmq_small import sm_count
-from .mmvq import STREAM_RBS, STREAM_TYPES, _ptr, _qt, _stream, group_inputs, names, segments, stream_name, xq_layout
+from .mmvq import STREAM_RBS, STREAM_TYPES, STREAM_UNRS, _ptr, _qt, _stream, group_inputs, names, segments, stream_name, xq_layout
 
-# (bytes an item at most, items in flight a CTA, CTAs an SM): bench/mmvq_stream.py sweeps them.
-Config = tuple[int, int, int]
-CONFIG: Config = (16384, 4, 2)
-MAX_STAGES = 16  # the kernel's barriers fit in its first 128 bytes
+# (bytes an item at most, items in flight a CTA, CTAs an SM, units a lane a trip):
+# bench/mmvq_stream.py sweeps them.
+Config = tuple[int, int, int, int]
+CONFIG: Config = (16384, 4, 2, 1)
+MAX_STAGES = 15  # the kernel's barriers (one a stage, one for x) fit in its first 128 bytes
 SMEM_MAX = 226 * 1024  # sm_90's 227 KB a CTA, less mmvq_rows' static reduction buffer
 
 
@@ -28,12 +30,13 @@ def supports(qt, row_bytes: int, ptrs) -> bool:
     return _qt(qt).name in STREAM_TYPES and row_bytes % 16 == 0 and all(p % 16 == 0 for p in ptrs)
 
 
-def layout(row_bytes: int, config: Config = CONFIG) -> tuple[int, int, int]:
-    """(rows an item, bytes a stage, dynamic shared memory) for rows of row_bytes."""
-    item_max, stages, _ = config
+def layout(row_bytes: int, K: int, config: Config = CONFIG) -> tuple[int, int, int, int]:
+    """(rows an item, bytes of x's copy, bytes a stage, dynamic shared memory) for rows of row_bytes."""
+    item_max, stages = config[:2]
     rb = max([r for r in STREAM_RBS if r * row_bytes <= item_max] or [1])
     stage = -(-rb * row_bytes // 128) * 128
-    return rb, stage, 128 + stages * stage
+    x_bytes = -(-(2 * K + K // 4) // 128) * 128
+    return rb, x_bytes, stage, 128 + x_bytes + stages * stage
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,11 +53,11 @@ def mmvq_stream(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, str
                                              residual, max_rows=1)
     if not supports(qt, rb, [w.data.ptr for w in ws]):
         raise ValueError(f"mmvq_stream: rows of {rb} bytes at 16-aligned addresses only")
-    rows_item, stage, smem = layout(rb, config)
-    stages, per_sm = config[1], config[2]
-    if not 1 <= stages <= MAX_STAGES or smem > SMEM_MAX or per_sm < 1:
+    rows_item, x_bytes, stage, smem = layout(rb, K, config)
+    stages, per_sm, unr = config[1:]
+    if not 1 <= stages <= MAX_STAGES or smem > SMEM_MAX or per_sm < 1 or unr not in STREAM_UNRS:
         raise ValueError(f"mmvq_stream: config {config} needs {smem} bytes of shared memory ({stages} stages)")
-    off, kbp, _ = xq_layout(n, K)
+    off = xq_layout(n, K)[0]
     items = [-(-w.shape[0] // rows_item) for w in ws]
     if sum(items) == 0:
         return
@@ -62,8 +65,8 @@ def mmvq_stream(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, str
     grid = min(sum(items), per_sm * sm_count(cp.cuda.Device().id))
     p = scratch.data.ptr
     with _stream(stream):
-        _fn(stream_name(qt, rows_item))(
+        _fn(stream_name(qt, rows_item, unr))(
             (grid,), (256,),
             (*segments(ws, outs, biases, items), np.int32(sum(items)),
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), _ptr(residual), np.int32(stages), np.int32(stage)), shared_mem=smem)
+             np.int32(K), _ptr(residual), np.int32(stages), np.int32(stage), np.int32(x_bytes)), shared_mem=smem)

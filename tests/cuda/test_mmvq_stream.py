@@ -17,9 +17,10 @@ from tests.cuda.conftest import matmul_reference as reference, poisoned, rel_err
 
 TOL = 1e-2  # mmvq's contract (test_mmvq.py)
 NAMES = mv.STREAM_TYPES
-# (item bytes at most, stages, CTAs an SM): the default, one row an item, a ring of one, a deep
-# ring, and one CTA an SM over many items (each slot's barrier turns its parity many times).
-CONFIGS = [ms.CONFIG, (1, 4, 2), (16384, 1, 1), (4096, 16, 1), (8192, 2, 1)]
+# (item bytes at most, stages, CTAs an SM, units a lane a trip): the default, one row an item, a
+# ring of one, a deep ring, and one CTA an SM over many items (each slot's barrier turns its
+# parity many times), each at 1 and 2 units a trip.
+CONFIGS = [ms.CONFIG, (1, 4, 2, 2), (16384, 1, 1, 1), (4096, 12, 1, 2), (8192, 2, 1, 1), (4096, 3, 3, 2)]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -86,4 +87,4 @@ def test_refuses_what_it_cannot_stream(to_device):
         ms.mmvq_stream(q4, [w4], x, [cp.empty((1, 8), cp.float32)])
     with pytest.raises(ValueError, match="stages"):
         ms.mmvq_stream(q4, [to_device(random_blocks(q4, 8, 256, np.random.default_rng(0)))], x,
-                       [cp.empty((1, 8), cp.float32)], config=(16384, 17, 1))
+                       [cp.empty((1, 8), cp.float32)], config=(16384, 16, 1, 1))
