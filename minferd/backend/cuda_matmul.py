@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -23,7 +23,6 @@ from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, UNITS16_IDS as MMVQ_UNITS16, mmvq, mmvq_group, quantize_x
 from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
-from minferd.kernels.mmvq_stream import mmvq_stream, supports as stream_supports
 from minferd.kernels.tiles import gemm_tiles
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
@@ -37,11 +36,6 @@ UNITS16_MAX_K = 4096
 
 def _units16(qt, K: int, n: int) -> bool:
     return qt.name in MMVQ_UNITS16 and K <= UNITS16_MAX_K and n == 1
-
-
-def _streamed(qt, n: int, ws) -> bool:
-    """One decode column of a type whose rows bulk copies can move: mmvq_stream (pending)."""
-    return n == 1 and pending.ready("mmvq_stream") and stream_supports(qt, ws[0].shape[1], [w.data.ptr for w in ws])
 
 
 def key(x) -> tuple:
@@ -58,10 +52,7 @@ class CudaMatmuls:
         if n <= MMVQ_MAX_BATCH:
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
-            if _streamed(w.qtype, n, [w.data]):
-                mmvq_stream(w.qtype, [w.data], x, [out], scratch=self._quantized(x), x_quantized=True, biases=[b],
-                            residual=residual)
-            elif w.qtype.is_quantized:
+            if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
                      units16=_units16(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
@@ -140,11 +131,6 @@ class CudaMatmuls:
                     outs += [self.matmul(x, w, b) for w, b in part]
                     continue
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
-                if _streamed(part[0][0].qtype, n, [w.data for w, _ in part]):
-                    mmvq_stream(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
-                                x_quantized=True, biases=[None if b is None else b.data for _, b in part])
-                    outs += group
-                    continue
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
                            units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))

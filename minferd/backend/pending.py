@@ -26,12 +26,11 @@ from minferd.config import valve
 # tok/s, 7B 386.4 -> 381.1): the producer's tail (fence, counter atomic, the last CTA's L2 reads)
 # costs more than the norm's own node under programmatic launch. It went. Session 24 saw early_weights
 # (mmvq and tcgemv fetching their first weights before pdl_enter) pass and change nothing (7B decode
-# 400.7 / 401.9 tok/s without, 402.9 / 389.9 with, in turns in one call): it went.
-PATHS: dict[str, str] = {
-    "mmvq_stream": "one decode column of Q4_K / Q5_K through mmvq.cu's mmvq_stream (rows into shared memory by "
-                   "bulk copies, persistent CTAs) instead of mmvq: test_mmvq_stream.py, test_engine_cuda.py's "
-                   "test_mmvq_stream_decodes_the_same",
-}
+# 400.7 / 401.9 tok/s without, 402.9 / 389.9 with, in turns in one call): it went. Session 24 also
+# wrote and measured mmvq_stream (one decode column's rows into shared memory by bulk copies,
+# persistent CTAs): its 48 tests passed, but the big Q4_K matrices ran 15-25% slower than mmvq and
+# the 7B decoded at 295-302 tok/s against 406: the weights' side was not the limit (NOTES s24). It went.
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

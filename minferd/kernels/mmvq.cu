@@ -77,12 +77,13 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
 // compiler keeps them together), then decodes and multiplies the valid ones. This is one CTA's
 // share (bx: its index among the CTAs of its matrix), which mmvq and mmvq_ids both run.
-template <int TYPE, int NC, int NW, int KW, int R, int UNR, typename Unit = typename UnitOf<TYPE>::T>
+template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
                                           const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
                                           int ncols, const float* __restrict__ res) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
+  typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
   const int row0 = (bx * (NW / KW) + warp / KW) * R;
@@ -311,121 +312,3 @@ mmv_float_ids(const u8* __restrict__ W, const u8* __restrict__ W2, i64 expert_by
   mmv_float_rows<TYPE, 1, VEC>(w + (i64)e * expert_bytes, row_bytes, nrows, K, x + (i64)(p / xdiv) * K,
                                1, o + (i64)p * nrows, b ? b + (i64)e * nrows : nullptr, nullptr);
 }
-
-// ---------------------------------------------------------------------------------------
-// One column (decode) streamed through shared memory by the copy engine: the same products as
-// mmvq (mmvq_rows over each item), but the weights reach the SM as bulk copies (cp.async.bulk,
-// sm_90) into a ring of S stages, each an "item" of RB consecutive rows (one contiguous run of
-// bytes). Why: mmvq keeps a warp's loads in registers, ~1 KB a warp in flight, and its
-// CTAs live a few microseconds each; the big Q4_K matrices stalled at 57% of the copy ceiling
-// and 3584 x 3584 at 35% (NOTES s21), latency-bound. Here a persistent CTA has S items in
-// flight at all times (tens of KB an SM) whatever its registers, and the first S are requested
-// before pdl_enter: weights are never written by a graph's nodes.
-// Item i of the launch is CTA i % gridDim.x's (i / gridDim.x)-th; items [0, it1) are W0's rows,
-// [it1, it2) W1's, the rest W2's (q/k/v and gate/up share a launch as in mmvq).
-// Row bytes must be a multiple of 16 and W 16-aligned (the bulk copy's rule): Q4_K, Q5_K.
-#ifndef MINFERD_HOST_TEST
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bar_expect(u64* bar, u32 bytes) {  // the barrier's one arrival, and its bytes
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
-  u32 done = 0;
-  while (!done)
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
-// The units of the streamed types, weights and x both read from shared memory (generic loads).
-template <class Base> struct SmemX : Base {
-  __device__ typename Base::X xload(const i8* xq, int lo, const float2* xds) const {
-    const i8* p0 = xq + 64 * this->c + 16 * this->k;
-    const i8* p1 = p0 + 32;
-    auto ld = [](const i8* p) { return *reinterpret_cast<const int4*>(p); };
-    return {ld(p0), ld(p0 + lo), ld(p1), ld(p1 + lo), *reinterpret_cast<const float4*>(xds + 2 * this->c)};
-  }
-};
-struct UQ4_K_S : SmemX<UQ4_K> {
-  __device__ void fetch(const u8* blk, int u) {
-    c = u >> 1; k = u & 1;
-    hdr = *reinterpret_cast<const uint4*>(blk);
-    v = *reinterpret_cast<const uint4*>(blk + 16 + 32 * c + 16 * k);
-  }
-};
-struct UQ5_K_S : SmemX<UQ5_K> {
-  __device__ void fetch(const u8* blk, int u) {
-    c = u >> 1; k = u & 1;
-    hdr = *reinterpret_cast<const uint4*>(blk);
-    hv = *reinterpret_cast<const uint4*>(blk + 16 + 16 * k);
-    v = *reinterpret_cast<const uint4*>(blk + 48 + 32 * c + 16 * k);
-  }
-};
-template <int TYPE> struct StreamUnit;
-template <> struct StreamUnit<T_Q4_K> { typedef UQ4_K_S T; };
-template <> struct StreamUnit<T_Q5_K> { typedef UQ5_K_S T; };
-
-// 8 warps; RB (1, 2, 4 or 8) rows an item, in groups of R = min(2, RB) rows (one x load serves
-// both, as in mmvq's configs), 8 R / RB warps splitting each group's units, UNR units a lane a trip.
-// Shared memory: S + 1 barriers (128 bytes), x (both planes, then the (d, sum) pairs: x_bytes,
-// copied once after pdl_enter), then the S stages of stage_bytes.
-template <int TYPE, int RB, int UNR>
-__global__ void __launch_bounds__(256)
-mmvq_stream(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
-            int rows2, int it1, int it2, float* __restrict__ out0, float* __restrict__ out1,
-            float* __restrict__ out2, const float* __restrict__ bias0, const float* __restrict__ bias1,
-            const float* __restrict__ bias2, int items, i64 row_bytes, int nb, const i8* __restrict__ xq,
-            const float2* __restrict__ xds, int K, const float* __restrict__ res, int S, int stage_bytes,
-            int x_bytes) {
-  static_assert(RB == 1 || RB == 2 || RB == 4 || RB == 8, "an item is 1, 2, 4 or 8 rows");
-  constexpr int R = RB < 2 ? RB : 2, KW = 8 * R / RB;
-  extern __shared__ __align__(128) u8 smem[];
-  u64* bars = reinterpret_cast<u64*>(smem);  // stage s's barrier is bars[s], x's bars[S]
-  i8* xs = reinterpret_cast<i8*>(smem + 128);
-  u8* stages = smem + 128 + x_bytes;
-  struct Item { const u8* w; int rows, r0, seg; };
-  auto item_at = [&](int it) {
-    const int seg = it < it1 ? 0 : (it < it2 ? 1 : 2);
-    const int r0 = (it - (seg == 0 ? 0 : (seg == 1 ? it1 : it2))) * RB;
-    const int nrows = seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2);
-    return Item{seg == 0 ? W0 : (seg == 1 ? W1 : W2), min(RB, nrows - r0), r0, seg};
-  };
-  auto issue = [&](int it, int s) {
-    const Item t = item_at(it);
-    const u32 bytes = (u32)(t.rows * row_bytes);
-    bar_expect(bars + s, bytes);
-    bulk_copy(stages + (i64)s * stage_bytes, t.w + (i64)t.r0 * row_bytes, bytes, bars + s);
-  };
-  const int G = gridDim.x;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s <= S; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(smem_u32(bars + s)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-    for (int s = 0; s < S && blockIdx.x + s * G < items; ++s) issue(blockIdx.x + s * G, s);
-  }
-  __syncthreads();
-  pdl_enter();  // only now x, the bias and the residual (the node before may have written them)
-  if (threadIdx.x == 0) {
-    bar_expect(bars + S, (u32)(2 * K + K / 4));
-    bulk_copy(xs, xq, (u32)(2 * K), bars + S);
-    bulk_copy(xs + 2 * K, xds, (u32)(K / 4), bars + S);
-  }
-  bar_wait(bars + S, 0);
-  const float2* xd = reinterpret_cast<const float2*>(xs + 2 * K);
-  for (int j = 0, it = blockIdx.x; it < items; ++j, it += G) {
-    const int s = j % S;
-    bar_wait(bars + s, (u32)(j / S) & 1u);
-    const Item t = item_at(it);
-    float* out = t.seg == 0 ? out0 : (t.seg == 1 ? out1 : out2);
-    const float* bias = t.seg == 0 ? bias0 : (t.seg == 1 ? bias1 : bias2);
-    mmvq_rows<TYPE, 1, 8, KW, R, UNR, typename StreamUnit<TYPE>::T>(
-        stages + (i64)s * stage_bytes, t.rows, out + t.r0, bias ? bias + t.r0 : nullptr, 0, row_bytes, nb, xs, xd,
-        K, 0, 1, res ? res + t.r0 : nullptr);
-    __syncthreads();  // every warp is done with stage s
-    if (threadIdx.x == 0 && it + S * G < items) issue(it + S * G, s);
-  }
-}
-#endif

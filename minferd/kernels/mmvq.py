@@ -145,20 +145,8 @@ def _float_ids_name(qt: QuantType, vec: int) -> str:
     return f"mmv_float_ids<{qt.ggml_id}, {vec}>"
 
 
-# mmvq_stream (mmvq_stream.py): one column through shared memory by bulk copies, items of RB rows.
-STREAM_TYPES = ("Q4_K", "Q5_K")
-STREAM_RBS = (1, 2, 4, 8)
-STREAM_UNRS = (1, 2)
-
-
-def stream_name(qt: QuantType, rb: int, unr: int) -> str:
-    return f"mmvq_stream<{qt.ggml_id}, {rb}, {unr}>"
-
-
 def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
-    for name in STREAM_TYPES:
-        names += [stream_name(TYPES[name], rb, u) for rb in STREAM_RBS for u in STREAM_UNRS]
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
         if name in UNITS16_IDS:  # one column only (cuda_matmul._units16)
@@ -301,47 +289,6 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
 MAX_GROUP = 3
 
 
-def group_inputs(what: str, qt: QuantType, ws, x, outs, scratch, x_quantized: bool, stream, biases, residual,
-                 max_rows: int = MAX_COLS):
-    """A group launch's checks (up to MAX_GROUP matrices of one type and K reading one x, one output
-    and bias slot each, a residual only with one matrix), and x quantized into the scratch:
-    (n, K, row bytes, biases, scratch). mmvq_group's and mmvq_stream's."""
-    if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
-        raise ValueError(f"{what}: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
-    biases = list(biases or [None] * len(ws))
-    if len(biases) != len(ws) or (residual is not None and len(ws) != 1):
-        raise ValueError(f"{what}: one bias slot per matrix; a residual only with one matrix")
-    _check_x(x, max_rows=max_rows)
-    n, K = x.shape
-    rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
-    for w, out, b in zip(ws, outs, biases):
-        _check_f32(out, (n, w.shape[0]), "out")
-        _check_f32(b, (w.shape[0],), "bias")
-    _check_f32(residual, (n, ws[0].shape[0]), "residual")
-    if scratch is None:
-        if x_quantized:
-            raise ValueError(f"{what}: x_quantized needs the scratch that holds it")
-        import cupy as cp
-        with _stream(stream):
-            scratch = cp.empty(scratch_bytes(n, K), cp.uint8)
-    if not x_quantized:
-        quantize_x(x, scratch, stream=stream)
-    else:
-        _check_scratch(scratch, n, K)
-    return n, K, rb, biases, scratch
-
-
-def segments(ws, outs, biases, counts) -> tuple:
-    """A group launch's per-matrix arguments padded to MAX_GROUP: W0..2, rows0..2, the first
-    CTA (or item) of segments 1 and 2 from each matrix's count of them, out0..2, bias0..2."""
-    pad = MAX_GROUP - len(ws)
-    rows = [w.shape[0] for w in ws] + [0] * pad
-    B = [_ptr(b) for b in biases] + [np.uint64(0)] * pad
-    c1, c2 = counts[0], counts[0] + (counts[1] if len(counts) > 1 else 0)
-    return (*ws, *[ws[-1]] * pad, *(np.int32(m) for m in rows), np.int32(c1), np.int32(c2),
-            *outs, *[outs[-1]] * pad, *B)
-
-
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
                biases=None, residual=None, units16: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
@@ -353,9 +300,29 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
     if units16 and qt.name not in UNITS16_IDS:
         raise ValueError(f"mmvq_group: no 16-position unit for {qt.name} (only {', '.join(UNITS16_IDS)})")
-    n, K, rb, biases, scratch = group_inputs("mmvq_group", qt, ws, x, outs, scratch, x_quantized, stream, biases,
-                                             residual)
+    if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
+        raise ValueError(f"mmvq_group: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
+    biases = list(biases or [None] * len(ws))
+    if len(biases) != len(ws) or (residual is not None and len(ws) != 1):
+        raise ValueError("mmvq_group: one bias slot per matrix; a residual only with one matrix")
+    _check_x(x)
+    n, K = x.shape
+    rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
+    for w, out, b in zip(ws, outs, biases):
+        _check_f32(out, (n, w.shape[0]), "out")
+        _check_f32(b, (w.shape[0],), "bias")
+    _check_f32(residual, (n, ws[0].shape[0]), "residual")
     nc = bucket(n)
+    if scratch is None:
+        if x_quantized:
+            raise ValueError("mmvq: x_quantized needs the scratch that holds it")
+        import cupy as cp
+        with _stream(stream):
+            scratch = cp.empty(scratch_bytes(n, K), cp.uint8)
+    if not x_quantized:
+        quantize_x(x, scratch, stream=stream)
+    else:
+        _check_scratch(scratch, n, K)
     off, kbp, _ = xq_layout(n, K)
     rows = [w.shape[0] for w in ws]
     cfg = config or CONFIGS[qt.name][nc][shape_class(max(rows), K)]
@@ -364,10 +331,16 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     ctas = [(m + per_cta - 1) // per_cta for m in rows]
     if sum(ctas) == 0:
         return
+    pad = MAX_GROUP - len(ws)
+    W = list(ws) + [ws[-1]] * pad
+    R = rows + [0] * pad
+    O = list(outs) + [outs[-1]] * pad
+    B = [_ptr(b) for b in biases] + [np.uint64(0)] * pad
+    cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
         (_fn_any if units16 else _fn)(kernel_name(qt, nc, cfg, units16))(
             (sum(ctas),), (nw * 32,),
-            (*segments(ws, outs, biases, ctas),
+            (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
              np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))

@@ -77,22 +77,6 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("qwen2", "q4_k_m"), ("llama", "q5_k")])
-def test_mmvq_stream_decodes_the_same(synth_model, arch, quant, monkeypatch):
-    """A one-sequence decode graph (programmatic launch on) whose Q4_K / Q5_K mat-vecs run as
-    mmvq_stream against mmvq: the same products summed in another order, so the logits agree
-    within the paths' tolerance and pick the same greedy token. What lets backend/pending.py's
-    mmvq_stream on."""
-    from minferd.backend import pending
-    monkeypatch.setenv("MINFERD_PDL", "64")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"mmvq_stream"} if on else pending.WAITING | {"mmvq_stream"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", 1))
-    assert np.abs(outs[0] - outs[1]).max() <= 1e-3 * np.abs(outs[0]).max()
-    assert np.array_equal(outs[0].argmax(-1), outs[1].argmax(-1))
-
-
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's
