@@ -83,40 +83,65 @@ struct Picks {
     __device__ __forceinline__ float4 at4(int i) const { return make_float4(at(4 * i), at(4 * i + 1), at(4 * i + 2), at(4 * i + 3)); }
 };
 
+// A norm's weights are model weights, which no node of a graph writes: a kernel may read them
+// before pdl_enter, while the node before it finishes (a decode step's norm otherwise waited for
+// its weights from HBM, one round trip for each of a warp's blocks, after the node before it).
+// A warp holds the weights of its first NORM_W blocks (dim up to 8192 at 256 threads and 4 CTAs
+// a row); blocks past those read theirs in turn.
+#define NORM_W 8
+__device__ __forceinline__ void norm_w_ahead(const float* __restrict__ w, int dim, float (&wv)[NORM_W]) {
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP, stride = nw * gridDim.y;
+    const int warp = threadIdx.x / WARP + blockIdx.y * nw;
+#pragma unroll
+    for (int r = 0; r < NORM_W; ++r) {
+        const int kb = warp + r * stride;
+        wv[r] = kb < dim / 32 ? __ldg(w + kb * 32 + lane) : 0.0f;
+    }
+}
+
 // The block's share of one row normalised (out) and in the mat-vec format (xq, xds: the row's),
 // and, where srow is set, the row's values themselves. Each CTA of the row's gridDim.y sums the
-// whole row (from L2) and writes its share of 32-element blocks.
+// whole row (from L2) and writes its share of 32-element blocks; wv: norm_w_ahead's weights.
 template <class Src>
-__device__ __forceinline__ void rmsnorm_q_row(const Src& src, const float* __restrict__ w, float* __restrict__ orow,
-                                              int dim, float eps, signed char* __restrict__ xq,
-                                              float2* __restrict__ xds, float* __restrict__ srow) {
+__device__ __forceinline__ void rmsnorm_q_row(const Src& src, const float* __restrict__ w, const float (&wv)[NORM_W],
+                                              float* __restrict__ orow, int dim, float eps,
+                                              signed char* __restrict__ xq, float2* __restrict__ xds,
+                                              float* __restrict__ srow) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim / 4; i += blockDim.x) {
         float4 v = src.at4(i);
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     float inv = 1.0f / sqrtf(block_sum(ss) / dim + eps);
-    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP, stride = nw * gridDim.y, nb = dim / 32;
     int warp = threadIdx.x / WARP + blockIdx.y * nw;
-    for (int kb = warp; kb < dim / 32; kb += nw * gridDim.y) {
+    auto block = [&](int kb, float wi) {
         int i = kb * 32 + lane;
         float s = src.at(i);
         if (srow) srow[i] = s;
-        float v = s * inv * w[i];
+        float v = s * inv * wi;
         orow[i] = v;
         quantize_block32(v, lane, xq + kb * 32, dim, xds + kb);
-    }
+    };
+#pragma unroll
+    for (int r = 0; r < NORM_W; ++r)
+        if (warp + r * stride < nb) block(warp + r * stride, wv[r]);
+    for (int kb = warp + NORM_W * stride; kb < nb; kb += stride) block(kb, w[kb * 32 + lane]);
 }
 
 // rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),
 // so the q/k/v (or gate/up) mat-vecs that read it need no quantize_x launch. dim % 32 == 0.
 // A row is spread over gridDim.y CTAs: one CTA per row was a 5 us step on one SM, 57 times a token.
+// ahead: the weights read before pdl_enter (norm_w_ahead), else after.
 extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
-                                     float2* __restrict__ xds, int kbp) {
+                                     float2* __restrict__ xds, int kbp, int ahead) {
+    float wv[NORM_W];
+    if (ahead) norm_w_ahead(w, dim, wv);
     pdl_enter();
+    if (!ahead) norm_w_ahead(w, dim, wv);
     const long long r = blockIdx.x;
-    rmsnorm_q_row(Row{x + r * dim}, w, out + r * dim, dim, eps, xq + r * 2 * dim, xds + r * kbp, nullptr);
+    rmsnorm_q_row(Row{x + r * dim}, w, wv, out + r * dim, dim, eps, xq + r * 2 * dim, xds + r * kbp, nullptr);
 }
 
 // An MoE decode layer's end and the next layer's first op in one node: sum (n, H) = res + each
@@ -125,11 +150,15 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
 extern "C" __global__ void combine_rmsnorm_q(const float* __restrict__ y, const float* __restrict__ wts, int k,
                                              const float* __restrict__ res, float* __restrict__ sum,
                                              const float* __restrict__ w, float* __restrict__ out, int dim, float eps,
-                                             signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
+                                             signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
+                                             int ahead) {
+    float wv[NORM_W];
+    if (ahead) norm_w_ahead(w, dim, wv);
     pdl_enter();
+    if (!ahead) norm_w_ahead(w, dim, wv);
     const int t = blockIdx.x;
-    rmsnorm_q_row(Picks{y, wts, res, t, k, dim}, w, out + (long long)t * dim, dim, eps, xq + (long long)t * 2 * dim,
-                  xds + (long long)t * kbp, sum + (long long)t * dim);
+    rmsnorm_q_row(Picks{y, wts, res, t, k, dim}, w, wv, out + (long long)t * dim, dim, eps,
+                  xq + (long long)t * 2 * dim, xds + (long long)t * kbp, sum + (long long)t * dim);
 }
 
 // The gated MLP's activation, y = act(g) * u (act 0: SiLU, 1: GELU-tanh, 2: gpt-oss's clamped
