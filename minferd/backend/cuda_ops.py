@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, pending
+from minferd.backend import cuda_attention
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
@@ -63,7 +63,7 @@ class CudaOps:
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
             _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d), np.float32(eps))
-                             + self._xq_args(scratch, out) + (np.int32(pending.ready("norm_w_ahead")),))
+                             + self._xq_args(scratch, out))
             return out
         out16 = None
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
@@ -85,8 +85,7 @@ class CudaOps:
         scratch = self._new_xq(out)
         _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (256,),
                                  (y, wts, np.int32(k), np.uint64(0 if res is None else res.data.ptr), total, weight.data,
-                                  out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out)
-                                 + (np.int32(pending.ready("norm_w_ahead")),))
+                                  out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out))
         self._normed_ahead = (total, weight, eps, out, self._xq)
         return total
 

@@ -132,14 +132,12 @@ __device__ __forceinline__ void rmsnorm_q_row(const Src& src, const float* __res
 // rmsnorm_f32 that also leaves its output in the mat-vec kernels' int8 format (xquant.cuh),
 // so the q/k/v (or gate/up) mat-vecs that read it need no quantize_x launch. dim % 32 == 0.
 // A row is spread over gridDim.y CTAs: one CTA per row was a 5 us step on one SM, 57 times a token.
-// ahead: the weights read before pdl_enter (norm_w_ahead), else after.
 extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
-                                     float2* __restrict__ xds, int kbp, int ahead) {
+                                     float2* __restrict__ xds, int kbp) {
     float wv[NORM_W];
-    if (ahead) norm_w_ahead(w, dim, wv);
+    norm_w_ahead(w, dim, wv);
     pdl_enter();
-    if (!ahead) norm_w_ahead(w, dim, wv);
     const long long r = blockIdx.x;
     rmsnorm_q_row(Row{x + r * dim}, w, wv, out + r * dim, dim, eps, xq + r * 2 * dim, xds + r * kbp, nullptr);
 }
@@ -150,12 +148,10 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
 extern "C" __global__ void combine_rmsnorm_q(const float* __restrict__ y, const float* __restrict__ wts, int k,
                                              const float* __restrict__ res, float* __restrict__ sum,
                                              const float* __restrict__ w, float* __restrict__ out, int dim, float eps,
-                                             signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
-                                             int ahead) {
+                                             signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
     float wv[NORM_W];
-    if (ahead) norm_w_ahead(w, dim, wv);
+    norm_w_ahead(w, dim, wv);
     pdl_enter();
-    if (!ahead) norm_w_ahead(w, dim, wv);
     const int t = blockIdx.x;
     rmsnorm_q_row(Picks{y, wts, res, t, k, dim}, w, wv, out + (long long)t * dim, dim, eps,
                   xq + (long long)t * 2 * dim, xds + (long long)t * kbp, sum + (long long)t * dim);

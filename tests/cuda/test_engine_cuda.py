@@ -77,21 +77,6 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("qwen3moe", "q4_k"), ("gemma3", "q8_0")])
-@pytest.mark.parametrize("B", [1, 4])
-def test_norm_w_ahead_changes_no_bit(synth_model, arch, quant, B, monkeypatch):
-    """Decode graphs (programmatic launch on) whose norms read their weights before pdl_enter
-    replay to the same bits as without: rmsnorm_q, and the MoE's combine_rmsnorm_q. What lets
-    backend/pending.py's norm_w_ahead on."""
-    from minferd.backend import pending
-    monkeypatch.setenv("MINFERD_PDL", "64")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm_w_ahead"} if on else pending.WAITING | {"norm_w_ahead"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's
