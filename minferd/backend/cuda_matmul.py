@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -121,7 +121,7 @@ class CudaMatmuls:
         n = x.shape[0]
         biases = list(biases or [None] * len(ws))
         if n > MMVQ_MAX_BATCH:
-            return super().matmuls(x, ws, biases)
+            return self._tc_matmuls(x, ws, biases)
         outs = []
         for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
             run = list(run)
@@ -134,6 +134,28 @@ class CudaMatmuls:
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
                            units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))
+                outs += group
+        return outs
+
+    def _tc_matmuls(self, x, ws, biases):
+        """9-64 rows: neighbours of one type the gate table gives tcgemv share a launch where its
+        K splits meet in clusters (up to 32 rows); the rest run one by one."""
+        n, K = x.shape
+        if not pending.ready("tc_group") or not tcgemv.groups_at(n, K, self.tc_config):
+            return super().matmuls(x, ws, biases)
+        picks = [gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table)
+                 for w in ws]
+        outs = []
+        for (kernel, qt), run in itertools.groupby(zip(picks, ws, biases), key=lambda r: (r[0], r[1].qtype)):
+            run = [(w, b) for _, w, b in run]
+            if kernel != "tc" or len(run) == 1:
+                outs += [self.matmul(x, w, b) for w, b in run]
+                continue
+            for k in range(0, len(run), tcgemv.MAX_GROUP):
+                part = run[k:k + tcgemv.MAX_GROUP]
+                group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
+                tcgemv.tcgemv_group(qt, [w.data for w, _ in part], self._as_f16(x), group,
+                                    biases=[None if b is None else b.data for _, b in part], config=self.tc_config)
                 outs += group
         return outs
 

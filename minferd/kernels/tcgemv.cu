@@ -25,15 +25,16 @@
 // a row is 36 16-byte units, = 4 mod 8; 8-byte loads: 136 words, = 8 mod 32).
 template <typename T> __host__ __device__ constexpr int stage_row() { return 256 + (T::XPAIR ? 32 : 16); }
 
-// Grid (ceil(N / (16 RT KW)), splits); a CTA is KW warps, warp w owning the 16 RT rows at
-// blockIdx.x * 16 RT KW + 16 RT w, all of them walking the split's blocks [z*bps, (z+1)*bps) in
-// stages of 256 elements of K: the CTA copies each stage's x (8 NT8 token rows) into shared memory
-// once, a stage ahead (cp.async, two buffers), and every warp reads its B fragments there. (x read
-// from global memory by every warp was 3.5x the weight bytes in L1 traffic, and ncu found the
-// warps stalled on it: 65% of cycles long-scoreboard, 0.27 issues a cycle.) Token rows past M read
-// row M-1 again, and their sums are never stored (a column of the mma's output depends on its own
-// column of B only). PF: a warp issues the weight loads of the block PF ahead before it decodes
-// this one (PF + 1 blocks in registers), so its bytes stay in flight while it decodes.
+// Grid (row tiles of 16 RT KW rows, splits); a CTA is KW warps, warp w owning the 16 RT rows at
+// tile * 16 RT KW + 16 RT w of its matrix (tc_pick, below), all of them walking the split's blocks
+// [z*bps, (z+1)*bps) in stages of 256 elements of K: the CTA copies each stage's x (8 NT8 token
+// rows) into shared memory once, a stage ahead (cp.async, two buffers), and every warp reads its B
+// fragments there. (x read from global memory by every warp was 3.5x the weight bytes in L1
+// traffic, and ncu found the warps stalled on it: 65% of cycles long-scoreboard, 0.27 issues a
+// cycle.) Token rows past M read row M-1 again, and their sums are never stored (a column of the
+// mma's output depends on its own column of B only). PF: a warp issues the weight loads of the
+// block PF ahead before it decodes this one (PF + 1 blocks in registers), so its bytes stay in
+// flight while it decodes.
 // The CTA's sums of its split land in acc; the kernels below differ in how splits meet.
 template <int TYPE, int NT8, int RT, int KW, int PF>
 __device__ __forceinline__ void tc_sums(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps,
@@ -175,17 +176,33 @@ __device__ __forceinline__ int acc_token(int n, int e) {
   return 8 * n + 2 * (threadIdx.x & 3) + (e & 1);
 }
 
-// part == nullptr: one split, out gets bias and residual; else part[z][m][n] (mmq_small's split_sum
-// adds them: a last-CTA reduction in the kernel, tried, was latency-bound on one CTA's 128 threads
-// and took 3584 x 3584 at 16 tokens from 11 to 18 us).
-template <int TYPE, int NT8, int RT, int KW, int PF>
-__global__ void __launch_bounds__(KW * 32)
-tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
-       float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
-       float* __restrict__ part) {
-  pdl_enter();
+// Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share a launch:
+// CTA columns [0, t1) hold matrix 0's row tiles, [t1, t2) matrix 1's, [t2, gridDim.x) matrix 2's
+// (a launch each cost a short prefill's pass ~3 graph nodes a layer): tcgemv_g in one split,
+// tcgemv_cl in a cluster. One matrix: t1 = t2 = its tiles.
+#define TC_GROUP_PARAMS                                                                                          \
+  const u8 *__restrict__ W0, const u8 *__restrict__ W1, const u8 *__restrict__ W2, int N0, int N1, int N2,      \
+      int t1, int t2, float *__restrict__ out0, float *__restrict__ out1, float *__restrict__ out2,               \
+      const float *__restrict__ bias0, const float *__restrict__ bias1, const float *__restrict__ bias2
+// The CTA's matrix (i) and its row tile there. Only i lives through the K loop: the epilogue
+// picks its output and bias from the parameters again (holding those pointers through it took a
+// Q4_K kernel from 96 to 110 registers).
+struct TcPick {
+  int i, tile;
+};
+__device__ __forceinline__ TcPick tc_pick(int t1, int t2) {
+  const int x = blockIdx.x;
+  return x < t1 ? TcPick{0, x} : x < t2 ? TcPick{1, x - t1} : TcPick{2, x - t2};
+}
+template <typename P> __device__ __forceinline__ P of3(int i, P a, P b, P c) { return i == 0 ? a : i == 1 ? b : c; }
+
+// A CTA's sums of its row tile, each handed to store(z, m, row, v) once the K loop is done (the
+// stores pick their pointers then, so no pointer but the weights' lives through the loop).
+template <int TYPE, int NT8, int RT, int KW, int PF, class Store>
+__device__ __forceinline__ void tc_tile(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps,
+                                        const u16* __restrict__ x16, int tile, Store store) {
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS]
-  const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
+  const int row0 = (tile * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
   float acc[RT][NT8][4];
   tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
 #pragma unroll
@@ -195,15 +212,41 @@ tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = acc_row(row0, t, e), m = acc_token(n, e);
-        if (row >= N || m >= M) continue;
-        const float v = acc[t][n][e];
-        if (part) {
-          part[((i64)z * M + m) * N + row] = v;
-        } else {
-          const i64 o = (i64)m * N + row;
-          out[o] = v + (bias ? __ldg(bias + row) : 0.0f) + (res ? __ldg(res + o) : 0.0f);
-        }
+        if (row < N && m < M) store(z, m, row, acc[t][n][e]);
       }
+}
+
+// One matrix. part == nullptr: one split, out gets bias and residual; else part[z][m][n]
+// (mmq_small's split_sum adds them: a last-CTA reduction in the kernel, tried, was latency-bound
+// on one CTA's 128 threads and took 3584 x 3584 at 16 tokens from 11 to 18 us).
+template <int TYPE, int NT8, int RT, int KW, int PF>
+__global__ void __launch_bounds__(KW * 32)
+tcgemv(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
+       float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res,
+       float* __restrict__ part) {
+  pdl_enter();
+  tc_tile<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, blockIdx.x, [&](int z, int m, int row, float v) {
+    if (part) {
+      part[((i64)z * M + m) * N + row] = v;
+    } else {
+      const i64 o = (i64)m * N + row;
+      out[o] = v + (bias ? __ldg(bias + row) : 0.0f) + (res ? __ldg(res + o) : 0.0f);
+    }
+  });
+}
+
+// A group in one split (no partials, no residual): each CTA's row tile of its matrix.
+template <int TYPE, int NT8, int RT, int KW, int PF>
+__global__ void __launch_bounds__(KW * 32)
+tcgemv_g(TC_GROUP_PARAMS, i64 row_bytes, int nb, int M, int K, int bps, const u16* __restrict__ x16) {
+  pdl_enter();
+  const TcPick p = tc_pick(t1, t2);
+  const int N = of3(p.i, N0, N1, N2);
+  tc_tile<TYPE, NT8, RT, KW, PF>(of3(p.i, W0, W1, W2), row_bytes, nb, N, M, K, bps, x16, p.tile,
+                                 [&](int, int m, int row, float v) {
+                                   const float* bias = of3(p.i, bias0, bias1, bias2);
+                                   of3(p.i, out0, out1, out2)[(i64)m * N + row] = v + (bias ? __ldg(bias + row) : 0.0f);
+                                 });
 }
 
 // Hopper's clusters (sm_90): the CL splits of a row tile are one cluster, and meet in distributed
@@ -223,17 +266,20 @@ __device__ __forceinline__ float ld_cluster(u32 local, u32 rank) {
   return v;
 }
 
-// Grid (ceil(N / (16 RT KW)), CL): blockIdx.y is both the split and the CTA's rank in its cluster.
+// Grid (the group's row tiles, CL): blockIdx.y is both the split and the CTA's rank in its cluster.
 template <int TYPE, int NT8, int RT, int KW, int PF, int CL>
 __global__ void __cluster_dims__(1, CL, 1) __launch_bounds__(KW * 32)
-tcgemv_cl(const u8* __restrict__ W, i64 row_bytes, int nb, int N, int M, int K, int bps, const u16* __restrict__ x16,
-          float* __restrict__ out, const float* __restrict__ bias, const float* __restrict__ res) {
+tcgemv_cl(TC_GROUP_PARAMS, i64 row_bytes, int nb, int M, int K, int bps, const u16* __restrict__ x16,
+          const float* __restrict__ res) {
   pdl_enter();
   constexpr int NE = RT * NT8 * 4, NTH = KW * 32;
   extern __shared__ __align__(16) u16 xs[];  // [2][TOK][XS], then this CTA's sums [NE][NTH] (f32)
-  const int row0 = (blockIdx.x * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
+  const TcPick p = tc_pick(t1, t2);
+  const int N = of3(p.i, N0, N1, N2), row0 = (p.tile * KW + (threadIdx.x >> 5)) * 16 * RT, z = blockIdx.y;
   float acc[RT][NT8][4];
-  tc_sums<TYPE, NT8, RT, KW, PF>(W, row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
+  tc_sums<TYPE, NT8, RT, KW, PF>(of3(p.i, W0, W1, W2), row_bytes, nb, N, M, K, bps, x16, row0, z, xs, acc);
+  float* out = of3(p.i, out0, out1, out2);
+  const float* bias = of3(p.i, bias0, bias1, bias2);
   float* sums = reinterpret_cast<float*>(xs);  // tc_sums ends behind a barrier: xs is free
 #pragma unroll
   for (int t = 0; t < RT; ++t)

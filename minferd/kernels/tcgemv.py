@@ -65,10 +65,14 @@ def clustered_at(M: int, K: int, config: str = CONFIG) -> bool:
     return (M <= 32 and K <= 8192) if c is None else c
 
 
-def kernel_name(qt: QuantType, M: int, config: str = CONFIG, cluster: int = 1) -> str:
+def kernel_name(qt: QuantType, M: int, config: str = CONFIG, cluster: int = 1, group: bool = False) -> str:
+    """The instance a launch of M tokens takes: tcgemv (one matrix), tcgemv_g (a group in one
+    split) or tcgemv_cl (in a cluster of `cluster` splits, one matrix or a group)."""
     kw, pf = CONFIGS[config][:2]
     args = f"{qt.ggml_id}, {nt8(M)}, {row_tiles(M, qt, config)}, {kw}, {pf}"
-    return f"tcgemv<{args}>" if cluster == 1 else f"tcgemv_cl<{args}, {cluster}>"
+    if cluster > 1:
+        return f"tcgemv_cl<{args}, {cluster}>"
+    return f"tcgemv_g<{args}>" if group else f"tcgemv<{args}>"
 
 
 def names() -> tuple[str, ...]:
@@ -77,9 +81,10 @@ def names() -> tuple[str, ...]:
         for n in NT8S:
             for c, conf in CONFIGS.items():
                 for cl in (1,) + (CLUSTERS if conf[4] is not False else ()):
-                    name = kernel_name(TYPES[t], 8 * n, c, cl)
-                    if name not in out:
-                        out.append(name)
+                    for group in (False, True) if cl == 1 and groups_at(8 * n, 256, c) else (False,):
+                        name = kernel_name(TYPES[t], 8 * n, c, cl, group)
+                        if name not in out:
+                            out.append(name)
     return tuple(out)
 
 
@@ -102,11 +107,11 @@ def rows_per_cta(M: int, qt: QuantType, config: str = CONFIG) -> int:
     return 16 * row_tiles(M, qt, config) * CONFIGS[config][0]
 
 
-def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG) -> int:
+def splits(qt: QuantType, N: int, nb: int, M: int, sms: int, config: str = CONFIG, tiles: int | None = None) -> int:
     """K splits (of whole blocks) per CTA's rows: the config's CTAs on every SM; with partials,
     those under MAX_PART_BYTES and no split empty; in a cluster, 1 or a cluster size (the last
-    split may be empty: it adds zeros)."""
-    tiles = -(-N // rows_per_cta(M, qt, config))
+    split may be empty: it adds zeros). tiles: a group's row tiles (default N's)."""
+    tiles = tiles or -(-N // rows_per_cta(M, qt, config))
     s = max(1, min(nb, -(-CONFIGS[config][3] * sms // tiles)))
     if clustered_at(M, nb * qt.block_elems, config):
         return max((c for c in (1,) + CLUSTERS if c <= s))
@@ -146,6 +151,25 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
     part: f32 scratch of >= part_bytes(...) bytes when that is not 0 (None: allocated);
     config: a CONFIGS key, split: the K splits instead of splits()'s (benchmarks and tests; a
     cluster config takes 1 or a cluster size)."""
+    tcgemv_group(qt, [w], x16, [out], biases=[bias], residual=residual, part=part, stream=stream, config=config,
+                 split=split)
+
+
+MAX_GROUP = 3
+
+
+def groups_at(M: int, K: int, config: str = CONFIG) -> bool:
+    """Whether several matrices may share a launch at M tokens and K: up to 32 tokens where splits
+    meet in a cluster (a group's partials would need a split sum a matrix)."""
+    return M <= 32 and clustered_at(M, K, config)
+
+
+def tcgemv_group(qt, ws, x16, outs, *, biases=None, residual=None, part=None, stream=None, config: str = CONFIG,
+                 split: int | None = None) -> None:
+    """outs[i] = x16 @ dequant(ws[i]).T (+ biases[i]) for up to MAX_GROUP matrices of one type and K
+    that read the same x (q/k/v, gate/up) in ONE launch, the K splits counted over all their row
+    tiles; more than one only where groups_at(M, K); residual and part only with one matrix.
+    Arguments as tcgemv's."""
     qt = _qt(qt)
     if config not in CONFIGS:
         raise ValueError(f"tcgemv: unknown config {config!r}")
@@ -159,31 +183,49 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
         raise ValueError(f"tcgemv: K = {K} is not a positive multiple of 32")
     if K % qt.block_elems:
         raise ValueError(f"tcgemv: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
-    N = w.shape[0] if w.ndim == 2 else -1
-    rb = check_rows(qt, w, K)
-    check_epilogue("tcgemv", out, bias, residual, M, N)
-    if N == 0:
+    biases = list(biases or [None] * len(ws))
+    if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws) or len(biases) != len(ws):
+        raise ValueError(f"tcgemv: 1..{MAX_GROUP} matrices with one output and one bias slot each, "
+                         f"got {len(ws)} / {len(outs)} / {len(biases)}")
+    if len(ws) > 1 and (residual is not None or part is not None or not groups_at(M, K, config)):
+        raise ValueError(f"tcgemv: a group of {len(ws)} matrices takes no residual or partials, and shares a "
+                         f"launch only where its splits meet in a cluster (not at {M} tokens, K = {K})")
+    Ns = [w.shape[0] if w.ndim == 2 else -1 for w in ws]
+    rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
+    for out, b, N in zip(outs, biases, Ns):
+        check_epilogue("tcgemv", out, b, residual, M, N)
+    rpc = rows_per_cta(M, qt, config)
+    tiles = [-(-N // rpc) for N in Ns]
+    if sum(tiles) == 0:
         return
     import cupy
     nb = K // qt.block_elems
     if split is None:
-        s = splits(qt, N, nb, M, sm_count(cupy.cuda.Device().id), config)
+        s = splits(qt, Ns[0], nb, M, sm_count(cupy.cuda.Device().id), config, tiles=sum(tiles))
     elif not 1 <= split <= nb or (clustered_at(M, K, config) and split not in (1,) + CLUSTERS):
         raise ValueError(f"tcgemv: {split} K splits for {nb} blocks under config {config!r}")
     else:  # a cluster takes its size as given (an empty split adds zeros), partials none empty
         s = split if clustered_at(M, K, config) else _none_empty(nb, split)
     kw, cluster = CONFIGS[config][0], clustered_at(M, K, config) and s > 1
-    need = 0 if s == 1 or cluster else s * M * N * 4
+    need = 0 if s == 1 or cluster else s * M * Ns[0] * 4
     smem = smem_bytes(M)
-    cols = -(-N // rows_per_cta(M, qt, config))
-    args = (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16, out,
-            ptr(bias), ptr(residual))
+    pad = MAX_GROUP - len(ws)
+    group = (*(list(ws) + [ws[-1]] * pad), *(np.int32(n) for n in Ns + [0] * pad),
+             np.int32(tiles[0]), np.int32(sum(tiles[:2])), *(list(outs) + [outs[-1]] * pad),
+             *(ptr(b) for b in biases + [None] * pad))
+    shape = (np.int64(rb), np.int32(nb), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16)
+    grid, block = (sum(tiles), s), (kw * 32,)
     with _stream(stream):
         if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
             assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
-            _fn(kernel_name(qt, M, config, s), smem)((cols, s), (kw * 32,), args, shared_mem=smem)
-            return
-        part = partials("tcgemv", part, need) if need else None
-        _fn(kernel_name(qt, M, config), smem)((cols, s), (kw * 32,), args + (ptr(part),), shared_mem=smem)
-        if need:
-            split_sum(part, s, M, N, bias, residual, out)
+            _fn(kernel_name(qt, M, config, s), smem)(grid, block, group + shape + (ptr(residual),), shared_mem=smem)
+        elif len(ws) > 1:
+            _fn(kernel_name(qt, M, config, group=True), smem)(grid, block, group + shape, shared_mem=smem)
+        else:
+            part = partials("tcgemv", part, need) if need else None
+            w, out, (N,) = ws[0], outs[0], Ns
+            args = (w, np.int64(rb), np.int32(nb), np.int32(N), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16,
+                    out, ptr(biases[0]), ptr(residual), ptr(part))
+            _fn(kernel_name(qt, M, config), smem)(grid, block, args, shared_mem=smem)
+            if need:
+                split_sum(part, s, M, N, biases[0], residual, out)

@@ -125,6 +125,50 @@ def test_cluster_splits_equal_the_split_sum(name, M, to_device):
     assert err < TOL, f"{name} M={M} 14 blocks in 8 splits: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("M", [9, 16, 32])
+@pytest.mark.parametrize("split", [None, 1, 2, 8])
+def test_tcgemv_group_is_one_launch_each(name, M, split, to_device):
+    """Three matrices of one type and K in one launch (q/k/v: rows that are no multiple of the
+    row tile, a bias on two) give each matrix's bits alone at the same K splits, and the
+    reference's products at the splits the group's row tiles get."""
+    qt = TYPES[name]
+    rng = np.random.default_rng(M + qt.ggml_id + (split or 0))
+    K = blocks(qt, 9 if qt.block_elems == 256 else 72)
+    Ns = (200, 40, 72)
+    raws = [random_blocks(qt, N, K, rng) for N in Ns]
+    ws = [to_device(r) for r in raws]
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    x16 = cp.asarray(x).astype(cp.float16)
+    biases = [cp.asarray(rng.standard_normal(N).astype(np.float32)) if i != 1 else None for i, N in enumerate(Ns)]
+    outs = [poisoned((M, N), cp.float32) for N in Ns]
+    tc.tcgemv_group(qt, ws, x16, outs, biases=biases, split=split)
+    for i, (raw, w, b) in enumerate(zip(raws, ws, biases)):
+        ref = reference(qt, raw, x) + (0 if b is None else cp.asnumpy(b))
+        err = rel_err(outs[i], ref)
+        assert err < TOL, f"{name} M={M} matrix {i}: rel err {err:.2e}"
+        if split is not None:
+            alone = poisoned((M, Ns[i]), cp.float32)
+            tc.tcgemv(qt, w, x16, alone, bias=b, split=split)
+            assert cp.array_equal(alone, outs[i]), f"{name} M={M} matrix {i} at {split} splits"
+
+
+def test_tcgemv_group_checks_arguments(to_device):
+    """A group takes no residual and no partials: past 32 tokens (splits in global partials) it is
+    refused by name before anything runs; so are mismatched outputs."""
+    qt = TYPES["Q4_K"]
+    w = to_device(random_blocks(qt, 64, 256, np.random.default_rng(0)))
+    out = cp.zeros((16, 64), cp.float32)
+    with pytest.raises(ValueError, match="no residual or partials"):
+        tc.tcgemv_group(qt, [w, w], cp.zeros((16, 256), cp.float16), [out, out], residual=out)
+    with pytest.raises(ValueError, match="not at 64 tokens"):
+        tc.tcgemv_group(qt, [w, w], cp.zeros((64, 256), cp.float16), [cp.zeros((64, 64), cp.float32)] * 2)
+    with pytest.raises(ValueError, match="one output and one bias slot each"):
+        tc.tcgemv_group(qt, [w, w], cp.zeros((16, 256), cp.float16), [out])
+    with pytest.raises(ValueError, match="1..3 matrices"):
+        tc.tcgemv_group(qt, [w] * 4, cp.zeros((16, 256), cp.float16), [out] * 4)
+
+
 def test_checks_arguments(to_device):
     qt = TYPES["Q4_K"]
     w = to_device(random_blocks(qt, 64, 256, np.random.default_rng(0)))
