@@ -85,9 +85,10 @@ def bench_new(cp, B: int, ctx: int, splits_list, reps: int, kinds=("tc", "simt")
         # the two kernels apart, at splits_for's count
         po = cp.empty((B, HQ, best, D), cp.float32)
         pml = cp.empty((B, HQ, best, 2), cp.float32)
+        none = (np.uint64(0), np.uint64(0), np.int32(0))
         split = [lambda kv=layers[i % len(layers)]: ad._launch_split(q, kv[0], kv[1], bt, lens, best, po, pml, BS,
                                                                      0, D ** -0.5) for i in range(inner)]
-        merge = [lambda: ad._launch_merge(po, pml, out, ad._NONE) for _ in range(inner)]
+        merge = [lambda: ad._launch_merge(po, pml, out, none) for _ in range(inner)]
         us_s = time_calls(cp, split, reps)
         print(f"       {kind:4s} splits={best}: split kernel {us_s:.1f} us ({nbytes / us_s * 1e-6:.2f} TB/s), "
               f"merge {time_calls(cp, merge, reps):.1f} us", flush=True)

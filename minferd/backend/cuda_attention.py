@@ -48,29 +48,26 @@ def prefill(q, k, v, slots: int, first: int, window: int, scale: float, layer: i
     return o.reshape(hkv, g, n, d).transpose(2, 0, 1, 3).reshape(n, hq * d)
 
 
-def paged_prefill(q, k, v, batch, window: int, scale: float, sinks=None, f16_for=None):
+def paged_prefill(q, k, v, batch, window: int, scale: float, sinks=None):
     """A prefill graph's one sequence (cuda_graph.PrefillGraph): its queries over its keys through
-    its block table, first and the real query count read from the device. f16_for(out): a buffer
-    the kernel also writes out's f16 rounding to (what attn_output's matmul reads)."""
+    its block table, first and the real query count read from the device."""
     out = cp.empty((q.shape[0], q.shape[1] * q.shape[2]), cp.float32)
     attn_prefill_paged(q, k, v, out, batch.dev["block_tables"][0], batch.dev["prefill_dims"],
-                       block_size=batch.block_size, window=window, scale=scale, sinks=sinks,
-                       out16=None if f16_for is None else f16_for(out))
+                       block_size=batch.block_size, window=window, scale=scale, sinks=sinks)
     return out
 
 
-def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None, sinks=None, f16_for=None):
+def decode(q, k, v, batch, window: int, scale: float, int8_x_args=None, sinks=None):
     """q (B, hq, d) f32, one query per sequence, each over its own keys through the batch's
     block tables (device arrays: a captured graph replays it for other tables and lengths).
-    int8_x_args(out), for B <= 8: the merge also leaves out in the mat-vec kernels' int8 format;
-    f16_for(out), past 8: a buffer it leaves out's f16 rounding in."""
+    int8_x_args(out), for B <= 8: the merge also leaves out in the mat-vec kernels' int8 format."""
     B, hq, d = q.shape
     out = cp.empty((B, hq * d), cp.float32)
     splits = min(splits_for(B, k.shape[1], batch.block_tables.shape[1] * batch.block_size, d=d),
                  max(1, DECODE_PARTIAL_ROWS // B))  # what the scratch estimate allows
     attn_decode(q, k, v, batch.dev["block_tables"], batch.dev["ctx_lens"], out, block_size=batch.block_size,
                 window=window, scale=scale, splits=splits, xq=None if int8_x_args is None else int8_x_args(out),
-                sinks=sinks, x16=None if f16_for is None else f16_for(out))
+                sinks=sinks)
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, pending
+from minferd.backend import cuda_attention
 from minferd.backend.base import KVCache, Weight
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
@@ -136,16 +136,11 @@ class CudaOps:
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         k, v = cache.k[layer], cache.v[layer]
         sinks = None if sinks is None else sinks.data
-        # The output's f16 rounding for attn_output's matmul past 8 rows, written by the attention
-        # kernels (else a cast launch a layer); up to 8 its mat-vec format.
-        f16_for = self._new_x16 if pending.ready("attn_out16") else None
         if "prefill_dims" in batch.dev:  # a prefill graph's pass (cuda_graph.PrefillGraph)
-            return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks, f16_for)
+            return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
-            if q.shape[0] <= MMVQ_MAX_BATCH:
-                int8_x = lambda out: self._xq_args(self._new_xq(out), out)  # noqa: E731
-                return cuda_attention.decode(q, k, v, batch, window, scale, int8_x, sinks)
-            return cuda_attention.decode(q, k, v, batch, window, scale, None, sinks, f16_for)
+            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
+            return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
         return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 
     def swiglu(self, gate, up):

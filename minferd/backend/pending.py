@@ -36,9 +36,6 @@ PATHS: dict[str, str] = {
     "tc_group": "a short prefill's (9-32 rows) q/k/v and gate/up through tcgemv in one launch each "
                 "(cuda_matmul._tc_matmuls; test_tcgemv_group_is_one_launch_each, test_tcgemv_group_checks_arguments "
                 "in test_tcgemv.py, test_tc_group_prefills_the_same in test_engine_cuda.py)",
-    "attn_out16": "attention past 8 rows also writes its output's f16 rounding, which attn_output's matmul reads "
-                  "(no cast launch a layer; test_paged_out16_is_the_cast in test_prefill_graph.py, test_x16_is_the_cast "
-                  "in test_attn_decode.py, test_attn_out16_prefills_the_same in test_engine_cuda.py)",
 }
 
 

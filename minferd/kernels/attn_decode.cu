@@ -81,8 +81,7 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
                   const int* __restrict__ block_tables, const int* __restrict__ ctx_lens,
                   float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                   int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
-                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
-                  __half* __restrict__ x16) {
+                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
   pdl_enter();
   typedef Cfg<D, GM> C;
   constexpr int TK = C::TK, KK = C::KK, GP = C::GP, ROW = C::ROW, NC = C::NC, KS = C::KS;
@@ -103,7 +102,7 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
   split_share(ctx_lens, b, max_blocks, log2bs, window, splits, split, TK, k0, k1);
   const long long row0 = (long long)b * hq + h0;  // (sequence, first head) row of the partials
   if (k0 >= k1) {
-    empty_share(out, xq, xds, kbp, x16, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
+    empty_share(out, xq, xds, kbp, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
     return;
   }
   const int ntiles = (k1 - k0 + TK - 1) / TK;
@@ -262,7 +261,7 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
     float o = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) o += fin[(ks * GM + g) * D + e];
-    if (out) write_out(out, xq, xds, kbp, x16, b, hq, D, h0 + g, e, o / corr[g]);
+    if (out) write_out(out, xq, xds, kbp, b, hq, D, h0 + g, e, o / corr[g]);
     else part_o[((row0 + g) * splits + split) * D + e] = o;
   }
 }
@@ -274,13 +273,12 @@ attn_decode_split(const float* __restrict__ q, const __half* __restrict__ Kc, co
 // there are only hq CTAs and up to 128 splits to read). The SG sums meet in shared memory and
 // the first D threads finish: a row with no visible key (ctx_len 0) gets zeros. With xq set,
 // out is also written in the mat-vec kernels' int8 format (xquant.cuh; the whole (B, hq*D)
-// output is one column per sequence): those D threads hold whole 32-element blocks, D % 32 == 0;
-// with x16, as its f16 rounding.
+// output is one column per sequence): those D threads hold whole 32-element blocks, D % 32 == 0.
 template <int D>
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ part_ml, float* __restrict__ out,
                   int hq, int splits, const float* __restrict__ sinks, signed char* __restrict__ xq,
-                  float2* __restrict__ xds, int kbp, __half* __restrict__ x16) {
+                  float2* __restrict__ xds, int kbp) {
   pdl_enter();
   constexpr int V4 = D / 4;
   constexpr int SGMAX = MERGE_THREADS / V4;
@@ -345,6 +343,5 @@ attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ p
     const int K = hq * D, k = h * D + tid;
     out[(long long)b * K + k] = r;
     if (xq) quantize_block32(r, tid % WARP, xq + (long long)b * 2 * K + (k - tid % WARP), K, xds + (long long)b * kbp + k / 32);
-    if (x16) x16[(long long)b * K + k] = __float2half_rn(r);
   }
 }

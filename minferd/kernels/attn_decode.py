@@ -170,11 +170,10 @@ def _xq_args(cp, xq, B: int, K: int) -> tuple:
 
 
 def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size: int, window: int, scale: float,
-                splits: int, xq=None, sinks=None, x16=None) -> None:
+                splits: int, xq=None, sinks=None) -> None:
     """See the module doc. q (B, hq, d) f32; k_cache, v_cache (n_slots, hkv, d) f16; block_tables
-    (B, max_blocks) int32; ctx_lens (B,) int32; out (B, hq * d) f32; x16: out's f16 rounding too
-    (B, hq * d) f16, what the next matmul reads past 8 rows; all C-contiguous cupy arrays on the
-    current device. Raises ValueError naming the first argument that does not fit."""
+    (B, max_blocks) int32; ctx_lens (B,) int32; out (B, hq * d) f32; all C-contiguous cupy arrays
+    on the current device. Raises ValueError naming the first argument that does not fit."""
     import cupy as cp
     _check_array(cp, q, "q", np.float32, 3)
     B, hq, d = q.shape
@@ -216,11 +215,7 @@ def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size:
         _fail(f"scale {scale!r}: a finite float")
     if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or not 1 <= splits <= MAX_SPLITS:
         _fail(f"splits {splits}: an int in 1..{MAX_SPLITS}")
-    if x16 is not None:
-        _check_array(cp, x16, "x16", np.float16, 2)
-        if x16.shape != out.shape:
-            _fail(f"x16 {tuple(x16.shape)}, expected {tuple(out.shape)}")
-    xargs = _xq_args(cp, xq, B, hq * d) + (np.uint64(0 if x16 is None else x16.data.ptr),)
+    xargs = _xq_args(cp, xq, B, hq * d)
     sink = np.uint64(0)
     if sinks is not None:  # gpt-oss: the merge adds them, so there is one (an empty split weighs 0)
         _check_array(cp, sinks, "sinks", np.float32, 1)
@@ -238,7 +233,7 @@ def attn_decode(q, k_cache, v_cache, block_tables, ctx_lens, out, *, block_size:
     _launch_merge(part_o, part_ml, out, xargs, sink)
 
 
-_NONE = (np.uint64(0), np.uint64(0), np.int32(0), np.uint64(0))  # no int8 form, no f16 rounding
+_NONE = (np.uint64(0), np.uint64(0), np.int32(0))
 
 
 def _launch_split(q, k_cache, v_cache, block_tables, ctx_lens, splits, part_o, part_ml, block_size, window, scale,

@@ -114,22 +114,20 @@ __device__ __forceinline__ void split_share(const int* ctx_lens, int b, int max_
 // With one split there is nothing to merge: the partials kernels finish the output themselves
 // (out set: the launcher passes it only when splits == 1). Element e of head h of sequence b,
 // and with xq its int8 form (a whole warp calls, lanes on one 32-element block: the callers'
-// loops step by NT over gc * D elements, D % 32 == 0), with x16 its f16 rounding (what the next
-// matmul reads past 8 rows).
-__device__ __forceinline__ void write_out(float* out, signed char* xq, float2* xds, int kbp, __half* x16, int b,
-                                          int hq, int D, int h, int e, float v) {
+// loops step by NT over gc * D elements, D % 32 == 0).
+__device__ __forceinline__ void write_out(float* out, signed char* xq, float2* xds, int kbp, int b, int hq, int D,
+                                          int h, int e, float v) {
   const int K = hq * D, k = h * D + e, lane = e % WARP;
   out[(long long)b * K + k] = v;
   if (xq) quantize_block32(v, lane, xq + (long long)b * 2 * K + (k - lane), K, xds + (long long)b * kbp + k / 32);
-  if (x16) x16[(long long)b * K + k] = __float2half_rn(v);
 }
 
 // An empty share (a padding row, a short sequence): a neutral partial, or zeros for out.
-__device__ __forceinline__ void empty_share(float* out, signed char* xq, float2* xds, int kbp, __half* x16,
-                                            float2* part_ml, long long row0, int b, int hq, int D, int h0, int gc,
-                                            int splits, int split, int tid) {
+__device__ __forceinline__ void empty_share(float* out, signed char* xq, float2* xds, int kbp, float2* part_ml,
+                                            long long row0, int b, int hq, int D, int h0, int gc, int splits,
+                                            int split, int tid) {
   if (out) {
-    for (int i = tid; i < gc * D; i += NT) write_out(out, xq, xds, kbp, x16, b, hq, D, h0 + i / D, i % D, 0.f);
+    for (int i = tid; i < gc * D; i += NT) write_out(out, xq, xds, kbp, b, hq, D, h0 + i / D, i % D, 0.f);
   } else if (tid < gc) {
     part_ml[(row0 + tid) * splits + split] = make_float2(-INFINITY, 0.f);
   }

@@ -36,8 +36,7 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
                const int* __restrict__ block_tables, const int* __restrict__ ctx_lens,
                float* __restrict__ part_o, float2* __restrict__ part_ml, int hq, int hkv, int group, int nch,
                int n_slots, int max_blocks, int log2bs, int window, float qscale, int splits,
-                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp,
-                  __half* __restrict__ x16) {
+                  float* __restrict__ out, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
   pdl_enter();
   typedef CfgTC<D> C;
   constexpr int TK = C::TK, ROW = C::ROW, DT = C::DT;
@@ -53,7 +52,7 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
   split_share(ctx_lens, b, max_blocks, log2bs, window, splits, split, TK, k0, k1);
   const long long row0 = (long long)b * hq + h0;
   if (k0 >= k1) {
-    empty_share(out, xq, xds, kbp, x16, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
+    empty_share(out, xq, xds, kbp, part_ml, row0, b, hq, D, h0, gc, splits, split, tid);
     return;
   }
   const int ntiles = (k1 - k0 + TK - 1) / TK;
@@ -207,7 +206,7 @@ attn_decode_tc(const float* __restrict__ q, const __half* __restrict__ Kc, const
       acc += wt == 0.f ? 0.f : wt * fin[(w * GMAX + hh) * D + e];
       L += wt * ml[(w * GMAX + hh) * 2 + 1];
     }
-    if (out) write_out(out, xq, xds, kbp, x16, b, hq, D, h0 + hh, e, acc / L);
+    if (out) write_out(out, xq, xds, kbp, b, hq, D, h0 + hh, e, acc / L);
     else part_o[((row0 + hh) * splits + split) * D + e] = acc;
   }
   if (tid < gc && !out) {

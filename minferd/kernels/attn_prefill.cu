@@ -63,8 +63,7 @@ struct Smem {
 template <int D, int BK, bool PAGED>
 __global__ void __launch_bounds__(128)
 attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const __half* __restrict__ Vc,
-             float* __restrict__ out, __half* __restrict__ out16, int n, int hq, int hkv, int slots, int first,
-             int lo, int window,
+             float* __restrict__ out, int n, int hq, int hkv, int slots, int first, int lo, int window,
              float qscale, const int* __restrict__ table, int bs, const int* __restrict__ dims,
              const float* __restrict__ sinks) {
   pdl_enter();
@@ -89,10 +88,7 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
   if (q0 >= nv) {  // a tile of padding rows only
     for (int c = tid; c < BQ * D; c += 128) {
       const int r = q0 + c / D;
-      if (r < n) {
-        out[r * qstride + (long long)h * D + c % D] = 0.f;
-        if (out16) out16[r * qstride + (long long)h * D + c % D] = __float2half_rn(0.f);
-      }
+      if (r < n) out[r * qstride + (long long)h * D + c % D] = 0.f;
     }
     return;
   }
@@ -233,13 +229,9 @@ attn_prefill(const float* __restrict__ q, const __half* __restrict__ Kc, const _
     const float lj = sinks ? l[j] + exp2f(__ldg(sinks + h) * 1.4426950408889634f - m[j]) : l[j];
     // Every query sees at least its own key: l > 0. A padding row (PAGED) is zeros.
     const float inv = row < nv ? 1.0f / lj : 0.f;
-    const long long at = row * qstride + (long long)h * D + 2 * t;
+    float* dst = out + row * qstride + (long long)h * D + 2 * t;
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      const float2 r = make_float2(o[dt][2 * j] * inv, o[dt][2 * j + 1] * inv);
-      *reinterpret_cast<float2*>(out + at + dt * 8) = r;
-      // The f16 rounding the next matmul reads (the backend's cast would be a launch of its own).
-      if (out16) *reinterpret_cast<__half2*>(out16 + at + dt * 8) = __floats2half2_rn(r.x, r.y);
-    }
+    for (int dt = 0; dt < DT; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * j] * inv, o[dt][2 * j + 1] * inv);
   }
 }

@@ -33,7 +33,7 @@ def _fn(d: int, paged: bool = False):
     return kernel("attn_prefill", _name(d, paged), names(), smem_bytes(d))  # past 48 KB for d >= 128
 
 
-def _check(q, K, V, out, out16=None) -> None:
+def _check(q, K, V, out) -> None:
     n, hq, d = q.shape
     hkv = K.shape[1]
     if d not in KEY_TILE:
@@ -47,13 +47,6 @@ def _check(q, K, V, out, out16=None) -> None:
         raise ValueError(f"attn_prefill: {hq} query heads over {hkv} kv heads")
     if out.dtype != np.float32 or out.shape != (n, hq * d) or not out.flags.c_contiguous:
         raise ValueError(f"attn_prefill: out must be C-contiguous float32 {(n, hq * d)}")
-    if out16 is not None and (out16.dtype != np.float16 or out16.shape != out.shape or not out16.flags.c_contiguous):
-        raise ValueError(f"attn_prefill: out16 must be C-contiguous float16 {(n, hq * d)}, got {out16.dtype} "
-                         f"{tuple(out16.shape)}")
-
-
-def _ptr16(out16) -> np.uint64:
-    return np.uint64(0 if out16 is None else out16.data.ptr)
 
 
 def _sinks_ptr(sinks, hq: int) -> np.uint64:
@@ -65,31 +58,29 @@ def _sinks_ptr(sinks, hq: int) -> np.uint64:
     return np.uint64(sinks.data.ptr)
 
 
-def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float, sinks=None, out16=None) -> None:
+def attn_prefill(q, K, V, out, *, first: int, lo: int, window: int, scale: float, sinks=None) -> None:
     """out (n, hq * d) f32 = attention of q (n, hq, d) f32 at positions first..first+n-1 over the
     cached keys lo..first+n-1 (slot p % slots of K, V: (slots, hkv, d) f16); window 0 = none;
-    sinks (hq,) f32: gpt-oss's extra logit per head (see _sinks_ptr); out16: out's f16 rounding too."""
-    _check(q, K, V, out, out16)
+    sinks (hq,) f32: gpt-oss's extra logit per head (see _sinks_ptr)."""
+    _check(q, K, V, out)
     n, hq, d = q.shape
     slots, hkv = K.shape[0], K.shape[1]
     if not 0 <= lo <= first or first + n - lo > slots:
         raise ValueError(f"attn_prefill: keys {lo}..{first + n - 1} do not fit a ring of {slots} slots")
     qscale = np.float32(scale * math.log2(math.e))  # the kernel takes exp2
     _fn(d)(((n + BQ - 1) // BQ, hq), (128,),
-           (q, K, V, out, _ptr16(out16), np.int32(n), np.int32(hq), np.int32(hkv), np.int32(slots), np.int32(first),
+           (q, K, V, out, np.int32(n), np.int32(hq), np.int32(hkv), np.int32(slots), np.int32(first),
             np.int32(lo), np.int32(window), qscale, np.uint64(0), np.int32(0), np.uint64(0), _sinks_ptr(sinks, hq)),
            shared_mem=smem_bytes(d))
 
 
-def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: int, scale: float, sinks=None,
-                       out16=None) -> None:
+def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: int, scale: float, sinks=None) -> None:
     """out (n, hq * d) f32 = attention of one sequence's queries q (n, hq, d) f32 over its keys
     through `table` (int32 block ids; K, V: (blocks * block_size, hkv, d) f16), with first and the
     number of real queries read from the device: dims (int32) = [first, count]. Rows from count
     to n are zeros. A captured graph replays it for other prompts; the caller keeps count <= n
-    and first + count <= len(table) * block_size (the host cannot check values on the device).
-    out16: out's f16 rounding too."""
-    _check(q, K, V, out, out16)
+    and first + count <= len(table) * block_size (the host cannot check values on the device)."""
+    _check(q, K, V, out)
     n, hq, d = q.shape
     if table.dtype != np.int32 or table.ndim != 1 or not table.flags.c_contiguous:
         raise ValueError(f"attn_prefill_paged: table must be a C-contiguous int32 vector, got {table.dtype} {table.shape}")
@@ -99,7 +90,6 @@ def attn_prefill_paged(q, K, V, out, table, dims, *, block_size: int, window: in
         raise ValueError(f"attn_prefill_paged: {K.shape[0]} slots are not whole blocks of {block_size}")
     qscale = np.float32(scale * math.log2(math.e))
     _fn(d, True)(((n + BQ - 1) // BQ, hq), (128,),
-                 (q, K, V, out, _ptr16(out16), np.int32(n), np.int32(hq), np.int32(K.shape[1]), np.int32(K.shape[0]),
-                  np.int32(0),
+                 (q, K, V, out, np.int32(n), np.int32(hq), np.int32(K.shape[1]), np.int32(K.shape[0]), np.int32(0),
                   np.int32(0), np.int32(window), qscale, table, np.int32(block_size), dims, _sinks_ptr(sinks, hq)),
                  shared_mem=smem_bytes(d))

@@ -104,25 +104,6 @@ def test_tc_group_prefills_the_same(synth_model, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
-@pytest.mark.parametrize("path", ["w16", "mmq"])
-@pytest.mark.parametrize("n", [16, 300])
-def test_attn_out16_prefills_the_same(synth_model, path, n, monkeypatch):
-    """A prompt's graph (16 tokens: a decode graph of rows; 300: a prefill graph) whose attention
-    writes its output's f16 rounding for attn_output's matmul gives the same bits as the graph that
-    casts it in a launch of its own. What lets backend/pending.py's attn_out16 on."""
-    from minferd.backend import pending
-    ids = np.random.default_rng(n).integers(0, 1000, n).tolist()
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"attn_out16"} if on else pending.WAITING | {"attn_out16"})
-        lm = load_local(str(synth_model("qwen2", "q4_k")), path, device="cuda", ctx=512)
-        m, be = lm.model, lm.model.be
-        cache = m.new_cache(be.untracked(), 11 * 32)
-        outs.append(be.to_host(be.run(m, Batch.build([(ids, 0, list(range(10)))], 32, width=10), cache)))
-        assert be.graphs and all(not g.eager for g in be.graphs.values())
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's
