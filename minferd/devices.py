@@ -28,6 +28,9 @@ CUDA_MAX_BATCH = 2048
 # A step of at most this many tokens (any mix of prefill and decode) replays a decode graph, each
 # token a row (bench/results/s11-latency: a 128-token prompt's TTFT on the 7B 42.1 ms eager, 9.0 so).
 CUDA_GRAPH_ROWS = 256
+# A one-sequence prompt of 2 .. this many tokens replays a graph of its rows of its own, with the
+# last row's logits alone (cuda_graph.DecodeGraph's one_row): buckets 2 .. 32, 62 rows in all.
+PROMPT_GRAPH_ROWS = 32
 PREFILL_GRAPH_TOKENS = 1024  # one sequence's prefill of up to this many tokens replays a prefill graph
 GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
@@ -99,9 +102,12 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     row = 6 * spec.hidden * f32 + 4 * spec.q_dim * f32 + 4 * spec.kv_dim * f32 + spec.ffn * (3 * f32 + 2 * f16)
     partials = DECODE_PARTIAL_ROWS * spec.q_dim * f32 + (2 << 20)
     decode = 511 * (row + spec.n_vocab * f32 + 2 * spec.hidden) + 9 * partials
-    # mmq_small's (or tcgemv's) x and split partials: the eager pool's and the 16-, 32- and
-    # 64-row graphs' own
-    decode += 4 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
+    # The prompts' one-row-logits graphs (PROMPT_GRAPH_ROWS): their rows, a logits row each
+    prompt_rows = 2 * PROMPT_GRAPH_ROWS - 2
+    decode += prompt_rows * (row + 2 * spec.hidden) + 5 * (spec.n_vocab * f32 + partials)
+    # mmq_small's (or tcgemv's) x and split partials: the eager pool's, the 16-, 32- and 64-row
+    # graphs' own and the 16- and 32-row prompt graphs'
+    decode += 6 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
     # The prefill graphs' one pool (backend/cuda_graph.PrefillGraph): a pass of the largest bucket
     # (no dequantized tiles in a graph; one logits row). Graphs of more than 64 rows may run MMQ,
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.

@@ -14,7 +14,7 @@ import logging
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_sample, gates, pending
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -28,7 +28,7 @@ from minferd.kernels.launch import programmatic, rows_limit
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.quant import QuantType, row_bytes
 
-from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, device_moe
+from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, PROMPT_GRAPH_ROWS, device_moe
 
 log = logging.getLogger("minferd")
 
@@ -224,6 +224,8 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         if batch.is_decode:
             return super().run(model, batch, cache)
         if n <= self.graph_rows:
+            if batch.n_seqs == 1 and n <= PROMPT_GRAPH_ROWS and pending.ready("one_row"):
+                return self.decode(model, batch.as_rows(), cache, one_row=True)
             logits = self.decode(model, batch.as_rows(), cache)
             if batch.n_seqs == 1:  # a view: no index copied in, no gather launched after the graph
                 return logits[n - 1:n]
@@ -248,14 +250,15 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
                                                 self._prefill_pool)
         return g.run(batch)
 
-    def decode(self, model, batch, cache: KVCache):
+    def decode(self, model, batch, cache: KVCache, one_row: bool = False):
         """Logits (B, vocab) of a decode batch through the graph of its size bucket (captured on
-        first use per cache, bucket and block-table width)."""
+        first use per cache, bucket and block-table width); one_row: a prompt as rows, the last
+        row's logits (1, vocab) alone, through graphs of their own."""
         bucket = decode_bucket(batch.n_seqs)
-        key = (id(cache), bucket, batch.block_tables.shape[1])
+        key = (id(cache), bucket, batch.block_tables.shape[1]) + (("one_row",) if one_row else ())
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = DecodeGraph(self, model, cache, bucket, batch.block_tables.shape[1])
+            g = self.graphs[key] = DecodeGraph(self, model, cache, bucket, batch.block_tables.shape[1], one_row)
         return g.run(batch)
 
     def sample(self, logits, seqs) -> list[int]:

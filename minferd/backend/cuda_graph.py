@@ -40,15 +40,20 @@ class DecodeGraph:
     and the logits out. Rows past the batch are padding: length 0, written to the cache's last
     block, which no sequence is given."""
 
-    def __init__(self, be, model, cache: KVCache, bucket: int, width: int):
+    def __init__(self, be, model, cache: KVCache, bucket: int, width: int, one_row: bool = False):
         self.be, self.model, self.cache, self.bucket, self.width = be, model, cache, bucket, width
         self.pad_slot = (cache.n_blocks - 1) * cache.block_size
         n = bucket
-        self.host = np.zeros(4 * n + n * width, np.int32)
+        # one_row: a prompt's tokens as rows (Batch.as_rows), whose last row alone needs logits:
+        # the output matmul reads its vocabulary-wide matrix for that row only (a mat-vec).
+        self.one_row = one_row
+        self.host = np.zeros(4 * n + n * width + 1, np.int32)
         with be.scope():  # the input buffer lives in the model's arena, like the graph's own memory
             self.buf = cp.zeros(self.host.size, cp.int32)
         dev = {name: self.buf[i * n:(i + 1) * n] for i, name in enumerate(("ids", "positions", "slots", "ctx_lens"))}
-        dev["block_tables"] = self.buf[4 * n:].reshape(n, width)
+        dev["block_tables"] = self.buf[4 * n:4 * n + n * width].reshape(n, width)
+        if one_row:
+            dev["logit_rows"] = self.buf[-1:]
         self.batch = Batch(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32),
                            np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32), np.zeros((n, width), np.int32),
                            cache.block_size, dev)
@@ -59,15 +64,17 @@ class DecodeGraph:
         self.pool = be.arena.graph_pool()  # the graph's buffers (and an eager step's, after a failed capture)
 
     def run(self, batch: Batch):
+        """The batch's logits: (B, vocab), or a one_row graph's (1, vocab) of its last row."""
         be, n, B = self.be, self.bucket, batch.n_seqs
         h = self.host
         h[:] = 0
+        h[-1] = B - 1
         h[0:B] = batch.ids
         h[n:n + B] = batch.positions
         h[2 * n:2 * n + n] = self.pad_slot
         h[2 * n:2 * n + B] = batch.slots
         h[3 * n:3 * n + B] = batch.ctx_lens
-        tables = h[4 * n:].reshape(n, self.width)
+        tables = h[4 * n:4 * n + n * self.width].reshape(n, self.width)
         tables[:] = -1
         tables[:B] = batch.block_tables
         with be.scope(), cp.cuda.using_allocator(self.pool.malloc):
@@ -75,9 +82,9 @@ class DecodeGraph:
             if self.graph is None and not self.eager:
                 self._capture()
             if self.graph is None:
-                return self.model.forward_batch(self.batch, self.cache)[:B]
+                return self.model.forward_batch(self.batch, self.cache)[:1 if self.one_row else B]
             self.graph.launch(stream=be.stream)
-        return self.logits[:B]
+        return self.logits[:1 if self.one_row else B]
 
     def _capture(self):
         try:

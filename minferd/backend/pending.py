@@ -36,7 +36,10 @@ from minferd.config import valve
 # (16-token TTFT -0.3 to -0.4 ms) and took it out; attn_out16 (attention past 8 rows writing its
 # output's f16 rounding, no cast launch) passed its tests and measured no gain (within the spread,
 # if anything slower on all three models): it went.
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "one_row": "a prompt of 2-32 tokens through a graph of its rows that computes the last row's logits alone "
+               "(cuda_graph.DecodeGraph one_row; test_one_row_prompts_the_same in test_engine_cuda.py)",
+}
 
 
 def _run_anyway() -> set[str]:

@@ -102,6 +102,35 @@ def test_tc_groups_decode_the_same(synth_model, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0")])
+def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):
+    """A prompt of 2-32 tokens through a graph of its rows that computes the last row's logits
+    alone gives the logits of the graph that computes every row's, within the path tolerance
+    (one row's output matmul is a mat-vec, the other's a 2-32-row kernel), the same greedy token
+    where one wins clearly, and the same keys and values bit for bit. What lets backend/pending.py's one_row on."""
+    from minferd.backend import pending
+    rng = np.random.default_rng(len(arch) + len(quant))
+    for n in (2, 5, 16, 32):
+        ids = rng.integers(0, 1000, n).tolist()
+        outs, kvs = [], []
+        for on in (False, True):
+            monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"one_row"} if on else pending.WAITING | {"one_row"})
+            lm = load_local(str(synth_model(arch, quant)), path, device="cuda", ctx=256)
+            m, be = lm.model, lm.model.be
+            cache = m.new_cache(be.untracked(), 3 * 32)
+            outs.append(be.to_host(be.run(m, Batch.build([(ids, 0, [0, 1])], 32, width=2), cache)))
+            kvs.append([cp.asnumpy(t[:n]) for t in (cache.k[0], cache.v[-1])])
+            assert be.graphs and all(not g.eager for g in be.graphs.values())
+            assert any(len(k) == 4 and k[-1] == "one_row" for k in be.graphs) == on
+        assert outs[1].shape == outs[0].shape == (1, m.spec.n_vocab)
+        assert np.abs(outs[1] - outs[0]).max() <= 2e-3 * np.abs(outs[0]).max(), (arch, n)
+        top2 = np.sort(outs[0][0])[-2:]
+        if top2[1] - top2[0] > 4e-3 * np.abs(outs[0]).max():  # a clear winner: the same greedy token
+            assert outs[1].argmax() == outs[0].argmax()
+        assert all(np.array_equal(a, b) for a, b in zip(kvs[0], kvs[1]))
+
+
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's

@@ -92,7 +92,9 @@ class LlamaModel:
                 x = x * np.float32(s.embed_scale)
             for i in range(s.n_layers):
                 x = self.layer(i, x, batch, cache)
-            if not all_logits and not batch.is_decode:
+            if "logit_rows" in batch.dev:  # a prompt's rows in a graph: the last one's logits alone
+                x = x[batch.dev["logit_rows"]]
+            elif not all_logits and not batch.is_decode:
                 x = x[batch.dev.get("last_rows", batch.last_rows())]
             x = be.rmsnorm(x, self.w["output_norm.weight"], s.norm_eps)
             if x.shape[0] <= LOGITS_ROWS or not all_logits:
