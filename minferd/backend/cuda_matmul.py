@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -26,6 +26,13 @@ from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.tiles import gemm_tiles
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
+# With tc_small (backend/pending.py), up to this many: from 3 rows a type tcgemv decodes takes it.
+# The gate table's 8-row rows (H200, s20): tcgemv 8.5 / 19.8 / 20.7 us on the 7B's 3584x3584,
+# 18944x3584 and 3584x18944 Q4_K against mmvq's 18.8 / 61.9 / 80.0 at 8 columns and 12.5 / 40.6 /
+# 38.2 at 4 (its dp4a work grows with the columns; tcgemv's 8-token tile costs the same for 1-8),
+# 8.1 / 23.9 / 22.9 at 2. s25: the 7B's 8-token prompt (its 8-column decode graph) took 8.9 ms in
+# the engine against 4.0 for 12 tokens (call9-latency-short.log).
+MATVEC_ROWS = 2
 
 
 # Q6_K's one-column mat-vec in 16-position units (mmvq_units_k.cuh's UQ6_K16) up to this K: on the
@@ -42,6 +49,16 @@ def key(x) -> tuple:
     return x.data.ptr, x.shape, x.dtype.char
 
 
+def matvec_rows() -> int:
+    """The most rows whose activations the next matmul takes in the mat-vec format."""
+    return MATVEC_ROWS if pending.ready("tc_small") else MMVQ_MAX_BATCH
+
+
+def tc_rows(w: Weight, n: int) -> bool:
+    """Whether n <= 8 rows of w's matmul run tcgemv rather than the mat-vec kernel (tc_small)."""
+    return n > matvec_rows() and w.qtype.name in tcgemv.SUPPORTED
+
+
 class CudaMatmuls:
     """The matmul half of CudaBackend (it keeps the state: arena, gate table, plan, slots)."""
     def matmul(self, x, w: Weight, bias: Weight | None = None, residual=None):
@@ -49,7 +66,7 @@ class CudaMatmuls:
         n = x.shape[0]
         if residual is not None:
             residual = cp.ascontiguousarray(residual, dtype=cp.float32)
-        if n <= MMVQ_MAX_BATCH:
+        if n <= MMVQ_MAX_BATCH and not tc_rows(w, n):
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
@@ -102,6 +119,8 @@ class CudaMatmuls:
         mmq_small and tcgemv compete with both (bench/crossover.py --graph, 2026-12-01 s9: tcgemv
         wins most 9-32-row shapes of the 7B, over cuBLAS on the copy too; cuBLAS keeps Q6_K's
         large matrices and most of 64 rows)."""
+        if n <= MMVQ_MAX_BATCH:  # tc_small's rows: tcgemv where it decodes the type, else the mat-vec
+            return ("tc",) if tc_rows(w, n) else ("mmvq",)
         # A decode batch of 9-64 rows may read the quantized bytes once instead.
         small = () if n > mmq_small.MAX_M or not self.small_batch else \
             (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())
@@ -120,7 +139,7 @@ class CudaMatmuls:
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
         biases = list(biases or [None] * len(ws))
-        if n > MMVQ_MAX_BATCH:
+        if n > MMVQ_MAX_BATCH or n > matvec_rows():
             return self._tc_matmuls(x, ws, biases)
         outs = []
         for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
@@ -194,7 +213,7 @@ class CudaMatmuls:
     @staticmethod
     def _feeds_matvec(x) -> bool:
         """A 2-D activation of a decode-sized batch: what the next matmul quantizes."""
-        return x.ndim == 2 and x.shape[0] <= MMVQ_MAX_BATCH and x.shape[1] % 32 == 0
+        return x.ndim == 2 and x.shape[0] <= matvec_rows() and x.shape[1] % 32 == 0
 
     def _new_xq(self, x):
         self._xq = None

@@ -10,7 +10,7 @@ import numpy as np
 
 from minferd.backend import cuda_attention
 from minferd.backend.base import KVCache, Weight
-from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH
+from minferd.backend.cuda_matmul import matvec_rows
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
@@ -139,7 +139,7 @@ class CudaOps:
         if "prefill_dims" in batch.dev:  # a prefill graph's pass (cuda_graph.PrefillGraph)
             return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
-            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= MMVQ_MAX_BATCH else None
+            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= matvec_rows() else None
             return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
         return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 

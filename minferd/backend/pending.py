@@ -39,6 +39,8 @@ from minferd.config import valve
 PATHS: dict[str, str] = {
     "one_row": "a prompt of 2-32 tokens through a graph of its rows that computes the last row's logits alone "
                "(cuda_graph.DecodeGraph one_row; test_one_row_prompts_the_same in test_engine_cuda.py)",
+    "tc_small": "matmuls of 3-8 rows through tcgemv where it decodes the type, not the mat-vec kernel at 3-8 "
+                "columns (cuda_matmul.MATVEC_ROWS; test_tc_small_decodes_the_same in test_engine_cuda.py)",
 }
 
 

@@ -131,6 +131,33 @@ def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):
         assert all(np.array_equal(a, b) for a, b in zip(kvs[0], kvs[1]))
 
 
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0"),
+                                        ("qwen3moe", "q4_k"), ("qwen2", "q3_k")])
+@pytest.mark.parametrize("B", [3, 4, 8])
+def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
+    """A decode graph of 3-8 rows whose matmuls run tcgemv (where it decodes the type: not Q3_K,
+    which keeps the mat-vec kernel, now reading x it quantizes itself; an MoE's experts keep their
+    own kernels) gives the logits of the graph on the mat-vec kernels within the path tolerance.
+    What lets backend/pending.py's tc_small on."""
+    from minferd.backend import pending
+    from minferd.kernels import tcgemv
+    runs = []
+    one = tcgemv.tcgemv_group
+
+    def spy(qt, ws, x16, *a, **kw):
+        runs.append(x16.shape[0])
+        return one(qt, ws, x16, *a, **kw)
+
+    monkeypatch.setattr(tcgemv, "tcgemv_group", spy)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"tc_small"} if on else pending.WAITING | {"tc_small"})
+        runs.clear()
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
+        assert any(m <= 8 for m in runs) == (on and quant != "q3_k"), runs
+    assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
+
+
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's
