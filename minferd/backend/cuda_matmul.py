@@ -139,7 +139,7 @@ class CudaMatmuls:
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
         biases = list(biases or [None] * len(ws))
-        if n > MMVQ_MAX_BATCH or n > matvec_rows():
+        if n > matvec_rows():
             return self._tc_matmuls(x, ws, biases)
         outs = []
         for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
@@ -157,10 +157,11 @@ class CudaMatmuls:
         return outs
 
     def _tc_matmuls(self, x, ws, biases):
-        """9-64 rows: neighbours of one type the gate table gives tcgemv share a launch where its
-        K splits meet in clusters (up to 32 rows); the rest run one by one. H200, s25 (in turns in
-        one call): the 16-token TTFT's engine share 0.5B 1.94 -> 1.54 ms, 7B 4.34 -> 3.92, 8B
-        4.68 -> 4.31 (q/k/v's three launches a layer and gate/up's two, each one)."""
+        """Past the mat-vec's rows (9-64; 3-64 with tc_small): neighbours of one type the gate
+        table gives tcgemv share a launch where its K splits meet in clusters (up to 32 rows); the
+        rest run one by one. H200, s25 (in turns in one call): the 16-token TTFT's engine share
+        0.5B 1.94 -> 1.54 ms, 7B 4.34 -> 3.92, 8B 4.68 -> 4.31 (q/k/v's three launches a layer
+        and gate/up's two, each one)."""
         n, K = x.shape
         if not tcgemv.groups_at(n, K, self.tc_config):
             return super().matmuls(x, ws, biases)

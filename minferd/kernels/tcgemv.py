@@ -209,18 +209,19 @@ def tcgemv_group(qt, ws, x16, outs, *, biases=None, residual=None, part=None, st
     kw, cluster = CONFIGS[config][0], clustered_at(M, K, config) and s > 1
     need = 0 if s == 1 or cluster else s * M * Ns[0] * 4
     smem = smem_bytes(M)
-    pad = MAX_GROUP - len(ws)
-    group = (*(list(ws) + [ws[-1]] * pad), *(np.int32(n) for n in Ns + [0] * pad),
-             np.int32(tiles[0]), np.int32(sum(tiles[:2])), *(list(outs) + [outs[-1]] * pad),
-             *(ptr(b) for b in biases + [None] * pad))
-    shape = (np.int64(rb), np.int32(nb), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16)
     grid, block = (sum(tiles), s), (kw * 32,)
     with _stream(stream):
-        if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
-            assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
-            _fn(kernel_name(qt, M, config, s), smem)(grid, block, group + shape + (ptr(residual),), shared_mem=smem)
-        elif len(ws) > 1:
-            _fn(kernel_name(qt, M, config, group=True), smem)(grid, block, group + shape, shared_mem=smem)
+        if cluster or len(ws) > 1:  # the group's kernels: tcgemv_cl, or tcgemv_g in one split
+            pad = MAX_GROUP - len(ws)
+            args = (*(list(ws) + [ws[-1]] * pad), *(np.int32(n) for n in Ns + [0] * pad),
+                    np.int32(tiles[0]), np.int32(sum(tiles[:2])), *(list(outs) + [outs[-1]] * pad),
+                    *(ptr(b) for b in biases + [None] * pad),
+                    np.int64(rb), np.int32(nb), np.int32(M), np.int32(K), np.int32(-(-nb // s)), x16)
+            if cluster:  # the sums a CTA parks for its cluster fit in its x buffers
+                assert 4 * (4 * row_tiles(M, qt, config) * nt8(M)) * (32 * kw) <= smem
+                _fn(kernel_name(qt, M, config, s), smem)(grid, block, args + (ptr(residual),), shared_mem=smem)
+            else:
+                _fn(kernel_name(qt, M, config, group=True), smem)(grid, block, args, shared_mem=smem)
         else:
             part = partials("tcgemv", part, need) if need else None
             w, out, (N,) = ws[0], outs[0], Ns
