@@ -160,7 +160,8 @@ if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
   # MODELS=30b,20b: the MoE presets' dense shapes; SWEEP=1 times every kernel shape too; UNITS16=1 Q6_K's
   # 16-position units beside (the pending path q6k_units16; with SWEEP, every kernel shape of them).
-  python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --no-dequant ${SWEEP:+--sweep} ${UNITS16:+--units16} \
+  # NS=1,2: the column counts timed (and swept: mmvq.sweep_configs).
+  python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} --no-dequant ${SWEEP:+--sweep} ${UNITS16:+--units16} \
     --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
 fi
 if [ "$stage" = verify ]; then

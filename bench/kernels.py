@@ -12,7 +12,7 @@ so this is the launch cost that matters), replayed after a warm-up; the figure i
 median over --reps replays of (graph time / launches). Launches rotate over enough weight
 copies that their total is >= 3x the L2, so L2 never holds the next weight.
 --sweep also times every variant (warps, K-split warps, rows, units) of the mmvq kernel in
-mmvq.SWEEP at n = 1 (SWEEP_N at n = 8) and reports the best per type and shape: the data
+mmvq.sweep_configs(n) at each n and reports the best per type and shape: the data
 CONFIGS in minferd/kernels/mmvq.py comes from.
 
     PYTHONPATH=. python bench/kernels.py [--types Q4_K,Q6_K] [--ns 1,8] [--models 7b,0.5b] [--sweep] [--json F]
@@ -24,6 +24,7 @@ dense matrices, which the 7B-tuned shape classes serve).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import statistics
@@ -151,7 +152,10 @@ def main() -> int:
                     row["units16_sweep"] = [[list(c), us] for c, us in swept.items()]
                     print(f"  units16 {t16 * 1e6:8.1f} us {moved / t16 / 1e9:7.0f} GB/s {100 * moved / t16 / CEILING:5.1f}%"
                           + (f"  | best {min(swept, key=swept.get)}: {min(swept.values()):.1f} us" if swept else ""), flush=True)
-                sweep = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep and quantized else ()
+                sweep = mv.sweep_configs(n) if args.sweep and quantized else ()
+                if sweep and n not in (1, mv.MAX_COLS):  # outside add_sweep's module: one each, 8 compiling at once
+                    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                        list(ex.map(lambda c: mv._fn_any(mv.kernel_name(qt, mv.bucket(n), c)), sweep))
                 if sweep:
                     best = None
                     for cfg in sweep:

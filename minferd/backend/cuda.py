@@ -14,7 +14,7 @@ import logging
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates, pending
+from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -224,7 +224,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         if batch.is_decode:
             return super().run(model, batch, cache)
         if n <= self.graph_rows:
-            if batch.n_seqs == 1 and n <= PROMPT_GRAPH_ROWS and pending.ready("one_row"):
+            if batch.n_seqs == 1 and n <= PROMPT_GRAPH_ROWS:
                 return self.decode(model, batch.as_rows(), cache, one_row=True)
             logits = self.decode(model, batch.as_rows(), cache)
             if batch.n_seqs == 1:  # a view: no index copied in, no gather launched after the graph

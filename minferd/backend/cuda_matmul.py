@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -26,12 +26,14 @@ from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.tiles import gemm_tiles
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
-# With tc_small (backend/pending.py), up to this many: from 3 rows a type tcgemv decodes takes it.
+# Up to this many rows a type tcgemv decodes takes the mat-vec kernel; from 3 rows, tcgemv.
 # The gate table's 8-row rows (H200, s20): tcgemv 8.5 / 19.8 / 20.7 us on the 7B's 3584x3584,
 # 18944x3584 and 3584x18944 Q4_K against mmvq's 18.8 / 61.9 / 80.0 at 8 columns and 12.5 / 40.6 /
 # 38.2 at 4 (its dp4a work grows with the columns; tcgemv's 8-token tile costs the same for 1-8),
 # 8.1 / 23.9 / 22.9 at 2. s25: the 7B's 8-token prompt (its 8-column decode graph) took 8.9 ms in
-# the engine against 4.0 for 12 tokens (call9-latency-short.log).
+# the engine against 4.0 for 12 tokens (call9-latency-short.log); s26 with tcgemv from 3 rows
+# 3.8 (8 tokens 8.96 -> 3.83, 4 tokens 5.45 -> 3.84; call1-latency.log). Types tcgemv lacks (Q3_K,
+# ...) keep the mat-vec kernel up to MMVQ_MAX_BATCH rows, quantizing x themselves past these.
 MATVEC_ROWS = 2
 
 
@@ -50,12 +52,13 @@ def key(x) -> tuple:
 
 
 def matvec_rows() -> int:
-    """The most rows whose activations the next matmul takes in the mat-vec format."""
-    return MATVEC_ROWS if pending.ready("tc_small") else MMVQ_MAX_BATCH
+    """The most rows whose activations the next matmul takes in the mat-vec format (read at each
+    call: the tests switch MATVEC_ROWS to MMVQ_MAX_BATCH for the mat-vec kernel's 3-8 rows)."""
+    return MATVEC_ROWS
 
 
 def tc_rows(w: Weight, n: int) -> bool:
-    """Whether n <= 8 rows of w's matmul run tcgemv rather than the mat-vec kernel (tc_small)."""
+    """Whether n <= 8 rows of w's matmul run tcgemv rather than the mat-vec kernel."""
     return n > matvec_rows() and w.qtype.name in tcgemv.SUPPORTED
 
 
@@ -119,7 +122,7 @@ class CudaMatmuls:
         mmq_small and tcgemv compete with both (bench/crossover.py --graph, 2026-12-01 s9: tcgemv
         wins most 9-32-row shapes of the 7B, over cuBLAS on the copy too; cuBLAS keeps Q6_K's
         large matrices and most of 64 rows)."""
-        if n <= MMVQ_MAX_BATCH:  # tc_small's rows: tcgemv where it decodes the type, else the mat-vec
+        if n <= MMVQ_MAX_BATCH:  # 3-8 rows: tcgemv where it decodes the type, else the mat-vec
             return ("tc",) if tc_rows(w, n) else ("mmvq",)
         # A decode batch of 9-64 rows may read the quantized bytes once instead.
         small = () if n > mmq_small.MAX_M or not self.small_batch else \
@@ -157,7 +160,7 @@ class CudaMatmuls:
         return outs
 
     def _tc_matmuls(self, x, ws, biases):
-        """Past the mat-vec's rows (9-64; 3-64 with tc_small): neighbours of one type the gate
+        """Past the mat-vec's rows (3-64: cuda_matmul.MATVEC_ROWS): neighbours of one type the gate
         table gives tcgemv share a launch where its K splits meet in clusters (up to 32 rows); the
         rest run one by one. H200, s25 (in turns in one call): the 16-token TTFT's engine share
         0.5B 1.94 -> 1.54 ms, 7B 4.34 -> 3.92, 8B 4.68 -> 4.31 (q/k/v's three launches a layer

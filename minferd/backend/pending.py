@@ -35,13 +35,10 @@ from minferd.config import valve
 # Session 25 saw tc_group (a short prefill's q/k/v and gate/up in one tcgemv launch each) pass and win
 # (16-token TTFT -0.3 to -0.4 ms) and took it out; attn_out16 (attention past 8 rows writing its
 # output's f16 rounding, no cast launch) passed its tests and measured no gain (within the spread,
-# if anything slower on all three models): it went.
-PATHS: dict[str, str] = {
-    "one_row": "a prompt of 2-32 tokens through a graph of its rows that computes the last row's logits alone "
-               "(cuda_graph.DecodeGraph one_row; test_one_row_prompts_the_same in test_engine_cuda.py)",
-    "tc_small": "matmuls of 3-8 rows through tcgemv where it decodes the type, not the mat-vec kernel at 3-8 "
-                "columns (cuda_matmul.MATVEC_ROWS; test_tc_small_decodes_the_same in test_engine_cuda.py)",
-}
+# if anything slower on all three models): it went. Session 26 saw one_row (a short prompt's last
+# row's logits alone) and tc_small (3-8 rows through tcgemv) pass (21 tests) and win (the 7B's
+# 8-token prompt 8.96 -> 3.75 ms in the engine) and took them out.
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

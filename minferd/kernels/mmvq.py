@@ -169,6 +169,12 @@ def add_configs(configs) -> None:
     names = tuple(kernel_name(TYPES[t], nc, cfg) for t, nc, cfg in configs)
     _extra_names = tuple(dict.fromkeys(_extra_names + names))
     _fn.cache_clear()
+    _fn_any.cache_clear()
+
+
+def sweep_configs(n: int) -> tuple[Config, ...]:
+    """The variants a sweep times at n columns: SWEEP at 1, SWEEP_N at 8, both between."""
+    return SWEEP if n == 1 else SWEEP_N if n == MAX_COLS else tuple(dict.fromkeys(SWEEP_N + SWEEP))
 
 
 def add_sweep() -> None:
@@ -188,7 +194,7 @@ def _fn(name: str):
 def _fn_any(name: str):
     """_fn for names(); a variant outside them in a module of its own: it compiles in seconds
     (bench threads compile many side by side) and leaves the shared module's cache key alone."""
-    return _fn(name) if name in names() else kernel("mmvq", name, (name,))
+    return _fn(name) if name in names() or name in _extra_names else kernel("mmvq", name, (name,))
 
 
 def _round_up(a: int, b: int) -> int:
@@ -339,7 +345,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
-        (_fn_any if units16 else _fn)(kernel_name(qt, nc, cfg, units16))(
+        (_fn_any if units16 or config else _fn)(kernel_name(qt, nc, cfg, units16))(
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),

@@ -108,14 +108,15 @@ def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):
     """A prompt of 2-32 tokens through a graph of its rows that computes the last row's logits
     alone gives the logits of the graph that computes every row's, within the path tolerance
     (one row's output matmul is a mat-vec, the other's a 2-32-row kernel), the same greedy token
-    where one wins clearly, and the same keys and values bit for bit. What lets backend/pending.py's one_row on."""
-    from minferd.backend import pending
+    where one wins clearly, and the same keys and values bit for bit (off: PROMPT_GRAPH_ROWS 0)."""
+    from minferd.backend import cuda as cuda_backend
+    rows = cuda_backend.PROMPT_GRAPH_ROWS
     rng = np.random.default_rng(len(arch) + len(quant))
     for n in (2, 5, 16, 32):
         ids = rng.integers(0, 1000, n).tolist()
         outs, kvs = [], []
         for on in (False, True):
-            monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"one_row"} if on else pending.WAITING | {"one_row"})
+            monkeypatch.setattr(cuda_backend, "PROMPT_GRAPH_ROWS", rows if on else 0)
             lm = load_local(str(synth_model(arch, quant)), path, device="cuda", ctx=256)
             m, be = lm.model, lm.model.be
             cache = m.new_cache(be.untracked(), 3 * 32)
@@ -137,9 +138,9 @@ def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):
 def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
     """A decode graph of 3-8 rows whose matmuls run tcgemv (where it decodes the type: not Q3_K,
     which keeps the mat-vec kernel, now reading x it quantizes itself; an MoE's experts keep their
-    own kernels) gives the logits of the graph on the mat-vec kernels within the path tolerance.
-    What lets backend/pending.py's tc_small on."""
-    from minferd.backend import pending
+    own kernels) gives the logits of the graph on the mat-vec kernels (MATVEC_ROWS = MMVQ_MAX_BATCH)
+    within the path tolerance."""
+    from minferd.backend import cuda_matmul
     from minferd.kernels import tcgemv
     runs = []
     one = tcgemv.tcgemv_group
@@ -151,7 +152,7 @@ def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
     monkeypatch.setattr(tcgemv, "tcgemv_group", spy)
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"tc_small"} if on else pending.WAITING | {"tc_small"})
+        monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS", 2 if on else cuda_matmul.MMVQ_MAX_BATCH)
         runs.clear()
         outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
         assert any(m <= 8 for m in runs) == (on and quant != "q3_k"), runs
