@@ -35,7 +35,7 @@ MAX_COLS = NC_BUCKETS[-1]
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 # Kernel shape (warps per CTA, warps splitting one row's K, rows per warp group, units in
-# flight per lane) by type, batch (1, or 2..8: the n = 8 column) and shape class (see
+# flight per lane) by type, batch (1, 2 where measured, else the n = 8 column for 2..8) and shape class (see
 # shape_class): the fastest variant of bench/kernels.py --sweep on the H200 (2026-11-29, each
 # one checked by tests/cuda/test_mmvq.py::test_mmvq_every_config in the same run). What the
 # sweep showed: 2-4 rows per warp group win where rows are many (one x load serves them all:
@@ -71,8 +71,15 @@ _MEASURED: dict[str, dict[int, dict[str, Config]]] = {
 # layout; MXFP4 the same 32-element nibbles behind a 1-byte scale; IQ4_XS a 256-element block of
 # nibbles like Q4_K's).
 _MEASURED.update(IQ4_NL=_MEASURED["Q4_0"], MXFP4=_MEASURED["Q4_0"], IQ4_XS=_MEASURED["Q4_K"])
+# Two columns (a 2-token prompt, a decode step of 2 sequences; 3-8 rows run tcgemv where it decodes
+# the type): bench/kernels.py --ns 2 --sweep on the H200 (s26, bench/results/s26/call2-matvec.log)
+# at the 7B's shapes, over the 8-column shapes: Q4_K 18944x3584 22.6 -> 21.5 us, 3584x18944 21.6
+# -> 20.7, the output 141.6 -> 134.6; Q6_K 3584x18944 40.2 -> 34.8, 18944x3584 34.2 -> 32.4, the
+# k/v 4.1 -> 3.8. The other classes and types keep the 8-column shapes.
+_MEASURED["Q4_K"][2] = {**_MEASURED["Q4_K"][8], "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)}
+_MEASURED["Q6_K"][2] = {**_MEASURED["Q6_K"][8], "few": (4, 4, 2, 1), "wide": (4, 2, 4, 1), "tall": (4, 2, 4, 1)}
 CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
-    name: {nc: _MEASURED[name][1 if nc == 1 else 8] for nc in NC_BUCKETS} for name in QUANT_TYPES
+    name: {nc: _MEASURED[name].get(nc, _MEASURED[name][MAX_COLS]) for nc in NC_BUCKETS} for name in QUANT_TYPES
 }
 # mmvq_ids' kernel shape (one column) by type and class of an expert's rows (_ids_class): an
 # MoE decode's products are k picks of small matrices (768-2880 rows), latency- not byte-bound.

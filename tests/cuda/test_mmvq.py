@@ -184,7 +184,7 @@ def test_mmvq_real_shapes(name, rows, K, to_device):
     # the whole output is written and must be finite; the reference covers a sample of rows
     sel = np.unique(np.concatenate([[0, rows - 1], rng.integers(0, rows, CHECK_ROWS)])) if rows > CHECK_ROWS \
         else np.arange(rows)
-    for n in (1, 8):
+    for n in (1, 2, 8):  # 2: mmvq.CONFIGS' own two-column shapes
         x = rng.standard_normal((n, K)).astype(np.float32)
         out = run(qt, w, x)
         assert bool(cp.isfinite(out).all()), f"{name} {rows}x{K} n={n}: non-finite output"
