@@ -26,7 +26,7 @@
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
-#            repeats each model once per setting (any one VAR=value each); TTFT_TOKENS=16: a chat stream's TTFT
+#            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
@@ -263,7 +263,8 @@ if [ "$stage" = latency ]; then
     for v in ${AB:-default}; do
       echo "# q$m.gguf, $v" | tee -a "$OUT/latency.log"
       set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=\/,+]/}"; }
-      env $set_ timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
+      pin=""; case $v in taskset=*) pin="taskset -c ${v#taskset=}"; set_="";; esac  # client and daemon on these cores
+      env $set_ $pin timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
         --lengths ${LENGTHS:-1,16,128,512,1024,2048} --ttft-max-tokens ${TTFT_TOKENS:-1} \
         --json "$OUT/latency-$m$tag.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
       with=""  # llama.cpp's columns once a model

@@ -8,6 +8,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+from minferd.backend import cuda_matmul  # noqa: E402
 from minferd.backend.batch import Batch  # noqa: E402
 from minferd.backend.base import Weight  # noqa: E402
 from minferd.backend.cuda import CudaBackend, DeviceMemory  # noqa: E402
@@ -40,12 +41,27 @@ def quantized(x):
 
 
 @pytest.fixture
-def be():
+def be(monkeypatch):
     # On the null stream, where these tests make their inputs: the backend's own stream is
     # non-blocking and would not wait for those uploads (s14: rope_kv once read a stale buffer).
+    # The fused kernels take up to 8 rows; the backend hands them cuda_matmul.MATVEC_ROWS (2:
+    # past it tcgemv reads the f16 copy), so these tests raise it to hold every row count to the format.
+    monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS", cuda_matmul.MMVQ_MAX_BATCH)
     b = CudaBackend(DeviceMemory())
     b.stream = cp.cuda.Stream.null
     return b
+
+
+def test_past_matvec_rows_a_norm_leaves_no_matvec_format():
+    """3 rows: the matmuls after the norm run tcgemv on the f16 copy, so no int8 copy is made."""
+    b = CudaBackend(DeviceMemory())
+    b.stream = cp.cuda.Stream.null
+    x = cp.asarray(rng.standard_normal((cuda_matmul.MATVEC_ROWS + 1, 512)).astype(np.float32))
+    with b.scope():
+        b.rmsnorm(x, vec(np.ones(512, np.float32)), 1e-6)
+        assert b._xq is None
+        b.rmsnorm(x[:cuda_matmul.MATVEC_ROWS], vec(np.ones(512, np.float32)), 1e-6)
+        assert b._xq is not None
 
 
 @pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880)])
