@@ -26,7 +26,8 @@
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
-#            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT
+#            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT;
+#            REPS=25: prompts a length (default 5; an A/B of the host's share needs many: s26 call 4)
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
@@ -265,7 +266,7 @@ if [ "$stage" = latency ]; then
       set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=\/,+]/}"; }
       pin=""; case $v in taskset=*) pin="taskset -c ${v#taskset=}"; set_="";; esac  # client and daemon on these cores
       env $set_ $pin timeout 240 python3 bench/latency.py /tmp/q$m.gguf --device cuda $with \
-        --lengths ${LENGTHS:-1,16,128,512,1024,2048} --ttft-max-tokens ${TTFT_TOKENS:-1} \
+        --lengths ${LENGTHS:-1,16,128,512,1024,2048} --ttft-max-tokens ${TTFT_TOKENS:-1} --reps ${REPS:-5} \
         --json "$OUT/latency-$m$tag.json" 2>&1 | tee -a "$OUT/latency.log" | tail -9
       with=""  # llama.cpp's columns once a model
     done
