@@ -2,7 +2,7 @@
 2048 tokens, per weight type. The backend picks, per matmul, the fastest kernel its plan allows
 from this table (minferd/backend/gates.py); issue 6: "shape gates measured, not guessed".
 
-    python bench/crossover.py [--types Q4_K,Q6_K] [--ns 1,2,...,2048] [--table F] [--json F] [--graph]
+    python bench/crossover.py [--types Q4_K,Q6_K] [--models 7b,0.5b] [--ns 1,2,...,2048] [--table F] [--json F] [--graph]
 
 Kernels: mmvq (mat-vec, n <= 8, quantized bytes), small (mmq_small: int8 mma, quantized bytes
 read once, n <= 64), tc (tcgemv: f16 mma, weights decoded in registers, n <= 64), cublas (the f16 copy: W16 plans only), tiles
@@ -30,7 +30,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)]
 NS = "1,2,4,8,12,16,24,32,48,64,96,128,256,512,1024,2048"
 KERNELS = ("mmvq", "small", "tc", "cublas", "tiles", "fused_b", "mmq")
 INNER = 10  # calls per timed sample
@@ -40,6 +39,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ns", default=NS)
     ap.add_argument("--types", default="Q4_K,Q6_K")
+    ap.add_argument("--models", default="7b", help="whose matrix shapes (bench/kernels.py's sets, the output matrix "
+                                                   "left out): 7b, 0.5b (the 0.5B's 896-wide ones), ...")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--table", default=None, help="write the gate table the backend reads")
     ap.add_argument("--json", default=None)
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
             ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / INNER)
         return statistics.median(ts)
 
-    from kernels import copies_for, time_graph  # bench/kernels.py
+    from kernels import MODEL_SHAPES, copies_for, time_graph  # bench/kernels.py
+    shapes = [sh for m in args.models.split(",") for sh in MODEL_SHAPES[m] if sh[0] < 65536]  # no output matrix
     l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
     sms = sm_count(0)
 
@@ -90,7 +92,9 @@ def main(argv=None) -> int:
     print(f"{'type':5s} {'N x K':>13s} {'n':>4s} " + " ".join(f"{k:>9s}" for k in KERNELS) + "  (us)")
     for name in args.types.split(","):
         qt = TYPES[name]
-        for N, K in SHAPES:
+        for N, K in shapes:
+            if K % qt.block_elems:  # the 0.5B's 896-wide rows take no 256-element blocks
+                continue
             w = cp.asarray(random_blocks(qt, N, K, rng))
             w16 = cp.empty((N, K), cp.float16)
             dequant_f16(qt, w, w16)

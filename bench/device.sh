@@ -20,7 +20,9 @@
 #            rounds, once per TC_CONFIGS="base cl" (MINFERD_TCGEMV_CONFIG)
 #   tc       tcgemv alone: its tests, every K split of the 7B's shapes timed (bench/tc_splits.py; TYPES, NS,
 #            MODELS), and ncu's stall ratios on the 7B's gate matrix at 16 and 8 tokens
-#   gates    the gate table's 8-64-token rows re-timed (bench/crossover.py --merge), and ncu on decode's Q4_K / Q6_K mat-vec
+#   gates    the gate table's 8-64-token rows re-timed (bench/crossover.py --merge), and ncu on decode's Q4_K / Q6_K mat-vec;
+#            MODELS=0.5b TYPES=Q4_K,Q6_K,Q5_0,Q8_0 NS=1,2,4,8,16,32,64,128,256,512,1024,2048 adds the 0.5B's shapes (every n:
+#            a shape's own rows decide all its batches)
 #   cold     issue 15's cold start: minferd warmup into an empty kernel cache, then the 7B's first token
 #            from that cache, and the first token without warmup (an empty cache again), each timed
 #   latency  issue 15's table: bench/latency.py (TTFT by prompt length, single-stream decode through a
@@ -235,7 +237,7 @@ if [ "$stage" = gates ]; then
   # committed table: copy $OUT/gates.json back where its picks win), then where decode's mat-vec
   # waits, Q4_K beside Q6_K on the 7B's ffn_down (ncu's sections, full text in $OUT/ncu-mmvq.txt).
   cp minferd/backend/prefill_gates_h200.json "$OUT/gates.json"
-  python3 bench/crossover.py --graph --types ${TYPES:-Q4_K,Q6_K} --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
+  python3 bench/crossover.py --graph --types ${TYPES:-Q4_K,Q6_K} --models ${MODELS:-7b} --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
     --merge "$OUT/gates.json" 2>&1 | tee "$OUT/crossover.log" | tail -3
   timeout 150 ncu --clock-control none --kernel-name regex:mmvq --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \

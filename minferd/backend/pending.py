@@ -38,7 +38,12 @@ from minferd.config import valve
 # if anything slower on all three models): it went. Session 26 saw one_row (a short prompt's last
 # row's logits alone) and tc_small (3-8 rows through tcgemv) pass (21 tests) and win (the 7B's
 # 8-token prompt 8.96 -> 3.75 ms in the engine) and took them out.
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "tc_chunks": "a quantized plan's matmuls of 65-256 rows through tcgemv in launches of 64 rows where the gate "
+                 "table times that faster (cuda_matmul.TC_CHUNKS_MAX_ROWS, gates.CHUNKED; "
+                 "test_tc_chunks_decode_the_same in test_engine_cuda.py, test_tcgemv_chunks_equal_one_launch_each "
+                 "in test_tcgemv.py)",
+}
 
 
 def _run_anyway() -> set[str]:
