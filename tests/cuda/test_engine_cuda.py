@@ -132,6 +132,20 @@ def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):
         assert all(np.array_equal(a, b) for a, b in zip(kvs[0], kvs[1]))
 
 
+def tcgemv_rows(monkeypatch, fn: str) -> list[int]:
+    """The rows (x16's) of every call of kernels/tcgemv.py's fn from now on, in a list that
+    the caller may clear."""
+    from minferd.kernels import tcgemv
+    runs, one = [], getattr(tcgemv, fn)
+
+    def spy(qt, w, x16, *a, **kw):
+        runs.append(x16.shape[0])
+        return one(qt, w, x16, *a, **kw)
+
+    monkeypatch.setattr(tcgemv, fn, spy)
+    return runs
+
+
 @pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0"),
                                         ("qwen3moe", "q4_k"), ("qwen2", "q3_k")])
 @pytest.mark.parametrize("B", [3, 4, 8])
@@ -141,15 +155,7 @@ def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
     own kernels) gives the logits of the graph on the mat-vec kernels (MATVEC_ROWS = MMVQ_MAX_BATCH)
     within the path tolerance."""
     from minferd.backend import cuda_matmul
-    from minferd.kernels import tcgemv
-    runs = []
-    one = tcgemv.tcgemv_group
-
-    def spy(qt, ws, x16, *a, **kw):
-        runs.append(x16.shape[0])
-        return one(qt, ws, x16, *a, **kw)
-
-    monkeypatch.setattr(tcgemv, "tcgemv_group", spy)
+    runs = tcgemv_rows(monkeypatch, "tcgemv_group")
     outs = []
     for on in (False, True):
         monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS", 2 if on else cuda_matmul.MMVQ_MAX_BATCH)
@@ -168,14 +174,7 @@ def test_tc_chunks_decode_the_same(synth_model, arch, quant, B, monkeypatch):
     mmq within the path tolerance."""
     from minferd.backend import pending
     from minferd.kernels import tcgemv
-    runs = []
-    one = tcgemv.tcgemv
-
-    def spy(qt, w, x16, *a, **kw):
-        runs.append(x16.shape[0])
-        return one(qt, w, x16, *a, **kw)
-
-    monkeypatch.setattr(tcgemv, "tcgemv", spy)
+    runs = tcgemv_rows(monkeypatch, "tcgemv")
     outs = []
     for on in (False, True):
         monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"tc_chunks"} if on else pending.WAITING | {"tc_chunks"})
