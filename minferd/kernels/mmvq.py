@@ -75,7 +75,7 @@ _MEASURED.update(IQ4_NL=_MEASURED["Q4_0"], MXFP4=_MEASURED["Q4_0"], IQ4_XS=_MEAS
 # the type): bench/kernels.py --ns 2 --sweep on the H200 (s26, bench/results/s26/call2-matvec.log)
 # at the 7B's shapes, over the 8-column shapes: Q4_K 18944x3584 22.6 -> 21.5 us, 3584x18944 21.6
 # -> 20.7, the output 141.6 -> 134.6; Q6_K 3584x18944 40.2 -> 34.8, 18944x3584 34.2 -> 32.4, the
-# k/v 4.1 -> 3.8. The other classes and types keep the 8-column shapes.
+# k/v 4.1 -> 3.8 (IQ4_XS, which borrows Q4_K's table, with them). The other types keep the 8-column shapes.
 _MEASURED["Q4_K"][2] = {**_MEASURED["Q4_K"][8], "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)}
 _MEASURED["Q6_K"][2] = {**_MEASURED["Q6_K"][8], "few": (4, 4, 2, 1), "wide": (4, 2, 4, 1), "tall": (4, 2, 4, 1)}
 CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
