@@ -34,7 +34,7 @@ MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized byte
 # the engine against 4.0 for 12 tokens (call9-latency-short.log); s26 with tcgemv from 3 rows
 # 3.8 (8 tokens 8.96 -> 3.83, 4 tokens 5.45 -> 3.84; call1-latency.log). Types tcgemv lacks (Q3_K,
 # ...) keep the mat-vec kernel up to MMVQ_MAX_BATCH rows, quantizing x themselves past these.
-MATVEC_ROWS = 2
+MATVEC_ROWS = 2  # read at each call (cuda_ops too): tests set it to MMVQ_MAX_BATCH for the old path
 # Up to this many rows (the largest decode graph's) a quantized plan's matmul may run tcgemv in
 # launches of 64 rows (pending path tc_chunks): the gate table's 64-row tcgemv is 1.2-3.4x faster
 # than fused_b at 64 rows on the 7B's shapes, and fused_b at 128 rows costs what it does at 64 (a
@@ -56,15 +56,9 @@ def key(x) -> tuple:
     return x.data.ptr, x.shape, x.dtype.char
 
 
-def matvec_rows() -> int:
-    """The most rows whose activations the next matmul takes in the mat-vec format (read at each
-    call: the tests switch MATVEC_ROWS to MMVQ_MAX_BATCH for the mat-vec kernel's 3-8 rows)."""
-    return MATVEC_ROWS
-
-
 def tc_rows(w: Weight, n: int) -> bool:
     """Whether n <= 8 rows of w's matmul run tcgemv rather than the mat-vec kernel."""
-    return n > matvec_rows() and w.qtype.name in tcgemv.SUPPORTED
+    return n > MATVEC_ROWS and w.qtype.name in tcgemv.SUPPORTED
 
 
 class CudaMatmuls:
@@ -155,7 +149,7 @@ class CudaMatmuls:
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
         biases = list(biases or [None] * len(ws))
-        if n > matvec_rows():
+        if n > MATVEC_ROWS:
             return self._tc_matmuls(x, ws, biases)
         outs = []
         for _, run in itertools.groupby(zip(ws, biases), key=lambda wb: (wb[0].qtype, wb[0].row_elems)):
@@ -230,7 +224,7 @@ class CudaMatmuls:
     @staticmethod
     def _feeds_matvec(x) -> bool:
         """A 2-D activation of a decode-sized batch: what the next matmul quantizes."""
-        return x.ndim == 2 and x.shape[0] <= matvec_rows() and x.shape[1] % 32 == 0
+        return x.ndim == 2 and x.shape[0] <= MATVEC_ROWS and x.shape[1] % 32 == 0
 
     def _new_xq(self, x):
         self._xq = None

@@ -8,9 +8,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention
+from minferd.backend import cuda_attention, cuda_matmul
 from minferd.backend.base import KVCache, Weight
-from minferd.backend.cuda_matmul import matvec_rows
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
@@ -139,7 +138,7 @@ class CudaOps:
         if "prefill_dims" in batch.dev:  # a prefill graph's pass (cuda_graph.PrefillGraph)
             return cuda_attention.paged_prefill(q, k, v, batch, window, scale, sinks)
         if batch.is_decode:
-            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= matvec_rows() else None
+            xq = (lambda out: self._xq_args(self._new_xq(out), out)) if q.shape[0] <= cuda_matmul.MATVEC_ROWS else None
             return cuda_attention.decode(q, k, v, batch, window, scale, xq, sinks)
         return cuda_attention.mixed(q, k, v, batch, window, scale, layer, sinks)
 

@@ -16,8 +16,8 @@ The MoE launcher over expert ids (mmvq.cu's mmvq_ids) is in mmvq_ids.py; its ins
 named here, with the module's others.
 
 Kernel shapes (warps per CTA, warps splitting K, rows per warp group, units in flight per
-lane) are per type, batch bucket and shape class in CONFIGS, chosen from bench/kernels.py's
-sweep on the H200.
+lane) are per type, batch bucket and shape class in CONFIGS (mmvq_shapes.py), chosen from
+bench/kernels.py's sweep on the H200.
 """
 from __future__ import annotations
 
@@ -28,85 +28,10 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
-from .quant import CUDA_TYPES, TYPES, QuantType, by_name
+from .quant import TYPES, QuantType, by_name
 
-NC_BUCKETS = (1, 2, 4, 8)  # kernels are compiled for these column counts; n=3 runs the 4 one
-MAX_COLS = NC_BUCKETS[-1]
-FLOAT_TYPES = ("F32", "F16", "BF16")
-
-# Kernel shape (warps per CTA, warps splitting one row's K, rows per warp group, units in
-# flight per lane) by type, batch (1, 2 where measured, else the n = 8 column for 2..8) and shape class (see
-# shape_class): the fastest variant of bench/kernels.py --sweep on the H200 (2026-11-29, each
-# one checked by tests/cuda/test_mmvq.py::test_mmvq_every_config in the same run). What the
-# sweep showed: 2-4 rows per warp group win where rows are many (one x load serves them all:
-# x, 2 bytes per element per column, is most of the L1 traffic); splitting K over 2-8 warps
-# wins where rows are few (k/v: 512 rows cannot fill 132 SMs) or K is long (ffn_down);
-# more than one unit in flight per lane rarely pays once warps are plentiful.
-Config = tuple[int, int, int, int]
-CLASSES = ("few", "mid", "wide", "tall", "huge")
-QUANT_TYPES = tuple(n for n in CUDA_TYPES if n not in FLOAT_TYPES)
-_MEASURED: dict[str, dict[int, dict[str, Config]]] = {
-    "Q4_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q4_1": {1: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q5_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (8, 8, 1, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
-             8: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q5_1": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 1, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 2, 2, 1)}},
-    "Q8_0": {1: {"few": (8, 8, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 1, 2), "tall": (4, 4, 2, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (8, 8, 1, 1), "mid": (4, 4, 2, 1), "wide": (8, 8, 1, 1), "tall": (4, 4, 2, 1), "huge": (4, 2, 2, 1)}},
-    "Q2_K": {1: {"few": (4, 4, 2, 1), "mid": (4, 2, 4, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (4, 4, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q3_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q4_K": {1: {"few": (4, 4, 2, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 4, 1)},
-             8: {"few": (4, 4, 2, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 4, 1)}},
-    "Q5_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 2, 2, 1), "huge": (4, 1, 2, 1)},
-             8: {"few": (4, 4, 2, 1), "mid": (4, 4, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-    "Q6_K": {1: {"few": (4, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)},
-             8: {"few": (8, 4, 1, 1), "mid": (4, 2, 2, 1), "wide": (4, 4, 2, 1), "tall": (4, 1, 4, 1), "huge": (4, 1, 4, 1)}},
-}
-# Not swept yet: the table types borrow the shapes of their layouts' twins (IQ4_NL is Q4_0's
-# layout; MXFP4 the same 32-element nibbles behind a 1-byte scale; IQ4_XS a 256-element block of
-# nibbles like Q4_K's).
-_MEASURED.update(IQ4_NL=_MEASURED["Q4_0"], MXFP4=_MEASURED["Q4_0"], IQ4_XS=_MEASURED["Q4_K"])
-# Two columns (a 2-token prompt, a decode step of 2 sequences; 3-8 rows run tcgemv where it decodes
-# the type): bench/kernels.py --ns 2 --sweep on the H200 (s26, bench/results/s26/call2-matvec.log)
-# at the 7B's shapes, over the 8-column shapes: Q4_K 18944x3584 22.6 -> 21.5 us, 3584x18944 21.6
-# -> 20.7, the output 141.6 -> 134.6; Q6_K 3584x18944 40.2 -> 34.8, 18944x3584 34.2 -> 32.4, the
-# k/v 4.1 -> 3.8 (IQ4_XS, which borrows Q4_K's table, with them). The other types keep the 8-column shapes.
-_MEASURED["Q4_K"][2] = {**_MEASURED["Q4_K"][8], "wide": (4, 2, 2, 1), "tall": (4, 2, 4, 1), "huge": (4, 2, 4, 1)}
-_MEASURED["Q6_K"][2] = {**_MEASURED["Q6_K"][8], "few": (4, 4, 2, 1), "wide": (4, 2, 4, 1), "tall": (4, 2, 4, 1)}
-CONFIGS: dict[str, dict[int, dict[str, Config]]] = {
-    name: {nc: _MEASURED[name].get(nc, _MEASURED[name][MAX_COLS]) for nc in NC_BUCKETS} for name in QUANT_TYPES
-}
-# mmvq_ids' kernel shape (one column) by type and class of an expert's rows (_ids_class): an
-# MoE decode's products are k picks of small matrices (768-2880 rows), latency- not byte-bound.
-IDS_CLASSES = ("few", "mid")
-# Defaults: the one-column shapes of the dense table, but where bench/moe_ids.py measured better
-# on the H200 (s15, bench/results/s15-ids): one warp a row group, not K split over warps (an
-# expert's rows are short: the 30b-a3b's K is 2048 and 768). At the 30b-a3b's shapes: gate+up
-# 10.65 -> 7.47 us, down 7.78 -> 5.78 (Q4_K) and 11.56 -> 8.52 (Q6_K); its tg128 300.5 -> 335.6
-# (s16, llama.cpp 309.3). MXFP4 (gpt-oss) gained ~3% at the kernel and nothing whole: kept.
-IDS_CONFIGS: dict[str, dict[str, Config]] = {name: {c: CONFIGS[name][1][c] for c in IDS_CLASSES} for name in QUANT_TYPES}
-IDS_CONFIGS["Q4_K"].update(few=(8, 1, 4, 1), mid=(8, 1, 2, 1))
-IDS_CONFIGS["Q6_K"].update(mid=(4, 1, 8, 1))
-# The variants bench/kernels.py --sweep times (and tests/cuda checks, so any may become a default).
-SWEEP: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 1, 1, 2), (4, 1, 2, 2), (4, 2, 1, 2), (4, 2, 2, 1),
-                             (4, 4, 1, 1), (4, 4, 1, 2), (8, 8, 1, 1), (4, 1, 4, 1), (4, 2, 4, 1), (4, 4, 2, 1))
-SWEEP_N: tuple[Config, ...] = ((4, 1, 1, 1), (4, 1, 2, 1), (4, 4, 1, 1), (8, 4, 1, 1), (8, 8, 1, 1), (4, 1, 4, 1),
-                               (4, 2, 2, 1), (4, 4, 2, 1))
-
-
-def shape_class(rows: int, K: int) -> str:
-    """few: k/v projections (512 rows cannot fill the GPU); mid: 3584-row squares; wide:
-    ffn_down (long K, few rows); tall: gate/up; huge: the output / embedding matrix."""
-    if rows <= 1024:
-        return "few"
-    if rows < 8192:
-        return "wide" if K >= 8192 else "mid"
-    return "tall" if rows < 65536 else "huge"
+from .mmvq_shapes import (CONFIGS, FLOAT_TYPES, IDS_CLASSES, IDS_CONFIGS, MAX_COLS, NC_BUCKETS,  # noqa: F401
+                          QUANT_TYPES, SWEEP, SWEEP_N, Config, shape_class, sweep_configs)
 
 
 def _qt(qt) -> QuantType:
@@ -177,11 +102,6 @@ def add_configs(configs) -> None:
     _extra_names = tuple(dict.fromkeys(_extra_names + names))
     _fn.cache_clear()
     _fn_any.cache_clear()
-
-
-def sweep_configs(n: int) -> tuple[Config, ...]:
-    """The variants a sweep times at n columns: SWEEP at 1, SWEEP_N at 8, both between."""
-    return SWEEP if n == 1 else SWEEP_N if n == MAX_COLS else tuple(dict.fromkeys(SWEEP_N + SWEEP))
 
 
 def add_sweep() -> None:
