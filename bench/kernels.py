@@ -13,7 +13,7 @@ median over --reps replays of (graph time / launches). Launches rotate over enou
 copies that their total is >= 3x the L2, so L2 never holds the next weight.
 --sweep also times every variant (warps, K-split warps, rows, units) of the mmvq kernel in
 mmvq.sweep_configs(n) at each n and reports the best per type and shape: the data
-CONFIGS in minferd/kernels/mmvq.py comes from.
+CONFIGS in minferd/kernels/mmvq_shapes.py comes from.
 
     PYTHONPATH=. python bench/kernels.py [--types Q4_K,Q6_K] [--ns 1,8] [--models 7b,0.5b] [--sweep] [--json F]
 
