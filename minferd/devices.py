@@ -105,10 +105,9 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # The prompts' one-row-logits graphs (PROMPT_GRAPH_ROWS): their rows, a logits row each
     prompt_rows = 2 * PROMPT_GRAPH_ROWS - 2
     decode += prompt_rows * (row + 2 * spec.hidden) + 5 * (spec.n_vocab * f32 + partials)
-    # mmq_small's (or tcgemv's) x and split partials: the eager pool's, the 4- to 256-row graphs'
-    # own (tcgemv from 3 rows: cuda_matmul.MATVEC_ROWS; past 64 in launches of 64, tc_chunks) and
-    # the 4- to 32-row prompt graphs'
-    decode += 12 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
+    # mmq_small's (or tcgemv's) x and split partials: the eager pool's, the 4- to 64-row graphs'
+    # own (tcgemv from 3 rows: cuda_matmul.MATVEC_ROWS) and the 4- to 32-row prompt graphs'
+    decode += 10 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
     # The prefill graphs' one pool (backend/cuda_graph.PrefillGraph): a pass of the largest bucket
     # (no dequantized tiles in a graph; one logits row). Graphs of more than 64 rows may run MMQ,
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.

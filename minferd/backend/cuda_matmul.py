@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -35,11 +35,6 @@ MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized byte
 # 3.8 (8 tokens 8.96 -> 3.83, 4 tokens 5.45 -> 3.84; call1-latency.log). Types tcgemv lacks (Q3_K,
 # ...) keep the mat-vec kernel up to MMVQ_MAX_BATCH rows, quantizing x themselves past these.
 MATVEC_ROWS = 2  # read at each call (cuda_ops too): tests set it to MMVQ_MAX_BATCH for the old path
-# Up to this many rows (the largest decode graph's) a quantized plan's matmul may run tcgemv in
-# launches of 64 rows (pending path tc_chunks): the gate table's 64-row tcgemv is 1.2-3.4x faster
-# than fused_b at 64 rows on the 7B's shapes, and fused_b at 128 rows costs what it does at 64 (a
-# few dozen CTAs on 896-wide matrices: the 0.5B's 128-token pass 5.3 ms in the engine, s26).
-TC_CHUNKS_MAX_ROWS = 256
 
 
 # Q6_K's one-column mat-vec in 16-position units (mmvq_units_k.cuh's UQ6_K16) up to this K: on the
@@ -84,11 +79,7 @@ class CudaMatmuls:
             if kernel == "small":
                 mmq_small.mmq_small(w.qtype, w.data, self._mmq_x(x), out, bias=b, residual=residual)
             else:
-                x16 = self._as_f16(x)
-                for a in range(0, n, tcgemv.MAX_M):  # past 64 rows: launches of 64 (tc_chunks)
-                    z = slice(a, a + tcgemv.MAX_M)
-                    tcgemv.tcgemv(w.qtype, w.data, x16[z], out[z], bias=b,
-                                  residual=None if residual is None else residual[z], config=self.tc_config)
+                tcgemv.tcgemv(w.qtype, w.data, self._as_f16(x), out, bias=b, residual=residual, config=self.tc_config)
             return out
         if kernel == "cublas":
             gemm_f32(self._as_f16(x), w.w16, out, self._cublas_workspace())
@@ -127,13 +118,9 @@ class CudaMatmuls:
         large matrices and most of 64 rows)."""
         if n <= MMVQ_MAX_BATCH:  # 3-8 rows: tcgemv where it decodes the type, else the mat-vec
             return ("tc",) if tc_rows(w, n) else ("mmvq",)
-        # A decode batch of 9-64 rows may read the quantized bytes once instead; 65-256 rows in
-        # tcgemv launches of 64 (tc_chunks, backend/pending.py; gates.CHUNKED times them).
+        # A decode batch of 9-64 rows may read the quantized bytes once instead.
         small = () if n > mmq_small.MAX_M or not self.small_batch else \
             (("small",) if w.qtype.name in mmq_small.SUPPORTED else ()) + (("tc",) if w.qtype.name in tcgemv.SUPPORTED else ())
-        if mmq_small.MAX_M < n <= TC_CHUNKS_MAX_ROWS and self.small_batch and w.qtype.name in tcgemv.SUPPORTED \
-                and pending.ready("tc_chunks"):
-            small = ("tc",)
         if w.w16 is not None and n >= self.w16_min_tokens:
             allowed = ("cublas",) + small
         else:

@@ -26,10 +26,6 @@ TABLE = Path(__file__).with_name("prefill_gates_h200.json")
 log = logging.getLogger("minferd")
 TIE = 1.10
 PROXY_TYPE = "Q4_K"  # the most measured type: its shape/batch behaviour stands in for the others
-# Kernels that take at most this many tokens a launch: past it they run in launches of that many
-# (cuda_matmul: tcgemv in 64-row chunks, pending path tc_chunks), timed as that many of the
-# table's row at their largest n.
-CHUNKED = {"tc": 64}
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,13 +78,8 @@ def choose(allowed: tuple[str, ...], qtype: str, N: int, K: int, n: int, path: P
     shape = min({(r["N"], r["K"]) for r in rows}, key=lambda s: _log_gap(s[0], N) + _log_gap(s[1], K))
     same = [r for r in rows if (r["N"], r["K"]) == shape]
     row = min(same, key=lambda r: _log_gap(r["n"], n))
-    us = {k: row["us"][k] for k in allowed if k in row["us"]}
-    for k, most in CHUNKED.items():
-        top = [r for r in same if r["n"] == most and k in r["us"]]
-        if k in allowed and k not in us and n > most and top:
-            us[k] = top[0]["us"][k] * math.ceil(n / most)
-    timed = [k for k in allowed if k in us]
+    timed = [k for k in allowed if k in row["us"]]
     if not timed:
         return allowed[0]
-    best = min(us[k] for k in timed)
-    return next(k for k in timed if us[k] <= best * TIE)
+    best = min(row["us"][k] for k in timed)
+    return next(k for k in timed if row["us"][k] <= best * TIE)

@@ -37,13 +37,10 @@ from minferd.config import valve
 # output's f16 rounding, no cast launch) passed its tests and measured no gain (within the spread,
 # if anything slower on all three models): it went. Session 26 saw one_row (a short prompt's last
 # row's logits alone) and tc_small (3-8 rows through tcgemv) pass (21 tests) and win (the 7B's
-# 8-token prompt 8.96 -> 3.75 ms in the engine) and took them out.
-PATHS: dict[str, str] = {
-    "tc_chunks": "a quantized plan's matmuls of 65-256 rows through tcgemv in launches of 64 rows where the gate "
-                 "table times that faster (cuda_matmul.TC_CHUNKS_MAX_ROWS, gates.CHUNKED; "
-                 "test_tc_chunks_decode_the_same in test_engine_cuda.py, test_tcgemv_chunks_equal_one_launch_each "
-                 "in test_tcgemv.py)",
-}
+# 8-token prompt 8.96 -> 3.75 ms in the engine) and took them out. Session 27 saw tc_chunks (65-256
+# rows through tcgemv in launches of 64) pass its tests and lose (the 7B's 65-256-token prompts 0.1-0.6
+# ms slower in the engine, the 0.5B's 256 1.5 ms slower, 128 0.2-0.5 faster): it went.
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

@@ -204,4 +204,4 @@ def make_backend(device: str, threads: int | None = None, memory=None, matmul_pa
         be = CpuBackend(threads, memory, matmul_path=path)
         return be, cpu_traits(be.threads)
     from minferd.backend.cuda import CudaBackend, DeviceMemory
-    return CudaBackend(memory or DeviceMemory(int(device.partition(":")[2] or 0)), matmul_path=path), cuda_traits()
+    return CudaBackend(memory or DeviceMemory.local(int(device.partition(":")[2] or 0)), matmul_path=path), cuda_traits()

@@ -42,20 +42,17 @@ def _give_back_device_memory():
     keeps each worker's peak after its test ends: in session 18's full run a 4.5 GB scratch was
     refused while other workers' pools held the freed blocks of full-size 7B and 8B loads (the
     test passed alone). Past 1 GiB held, what a test freed goes back to the device. A backend's
-    DeviceMemory is a pool of its own, made the allocator: it and the models it held may outlive
-    their test in reference cycles, keeping their blocks, until the collector runs (s26 call 5:
-    29 tests of 8 workers refused memory at the end of a run, 39 MB with none of their own held).
-    So that pool is emptied too, and the collector runs, past 1 GiB or with a quarter of the device
-    left."""
+    DeviceMemory is a pool of its own, and each one not closed kept the ones before it alive with
+    their cached blocks (s27 call 1: four workers filled the 141 GB device with a few MB each in
+    use), so every DeviceMemory still alive is emptied too, after the collector runs, past 1 GiB
+    or with a quarter of the device left."""
     yield
     import sys
     cupy = sys.modules.get("cupy")
     if cupy is None:
         return
-    pools = [cupy.get_default_memory_pool()]
-    current = getattr(cupy.cuda.get_allocator(), "__self__", None)
-    if isinstance(current, cupy.cuda.MemoryPool) and current is not pools[0]:
-        pools.append(current)
+    from minferd.backend.cuda_memory import DeviceMemory
+    pools = [cupy.get_default_memory_pool()] + [m.pool for m in DeviceMemory.live()]
     try:
         free, total = cupy.cuda.runtime.memGetInfo()
     except cupy.cuda.runtime.CUDARuntimeError:  # no device: nothing was allocated
@@ -63,7 +60,7 @@ def _give_back_device_memory():
     if sum(p.total_bytes() for p in pools) > 1 << 30 or free < total // 4:
         import gc
         gc.collect()
-        for p in pools:
+        for p in [cupy.get_default_memory_pool()] + [m.pool for m in DeviceMemory.live()]:
             p.free_all_blocks()
 
 

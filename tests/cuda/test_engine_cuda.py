@@ -165,27 +165,6 @@ def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0"), ("qwen2", "q3_k")])
-@pytest.mark.parametrize("B", [65, 128])
-def test_tc_chunks_decode_the_same(synth_model, arch, quant, B, monkeypatch):
-    """A decode graph of 65-128 rows on a quantized plan whose matmuls run tcgemv in launches of 64
-    rows where the gate table times that faster (backend/pending.py's tc_chunks; MINFERD_PREFILL_KERNEL
-    makes it every matmul tcgemv decodes: not Q3_K's) gives the logits of the graph on fused_b /
-    mmq within the path tolerance."""
-    from minferd.backend import pending
-    from minferd.kernels import tcgemv
-    runs = tcgemv_rows(monkeypatch, "tcgemv")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"tc_chunks"} if on else pending.WAITING | {"tc_chunks"})
-        if on:
-            monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tc")
-        runs.clear()
-        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
-        assert (tcgemv.MAX_M in runs) == (on and quant != "q3_k"), runs
-    assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
-
-
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's

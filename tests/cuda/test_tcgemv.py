@@ -228,34 +228,3 @@ def test_an_sm_holds_the_ctas_splits_aims_at(M):
     for name in ("Q4_K", "Q6_K", "Q8_0"):
         held = tc.ctas_per_sm(TYPES[name], M)
         assert held >= tc.CONFIGS[tc.CONFIG][3], f"{name} M={M}: an SM holds {held} CTAs"
-
-
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
-@pytest.mark.parametrize("M", [65, 100, 128, 256])
-def test_tcgemv_chunks_equal_one_launch_each(name, M, monkeypatch):
-    """A quantized plan's matmul of 65-256 rows through tcgemv (backend/pending.py's tc_chunks):
-    launches of 64 rows, each the bits of tcgemv on those rows alone with the bias and the
-    residual's rows, and the whole within the reference's tolerance."""
-    from minferd.backend import pending
-    from minferd.backend.base import Weight
-    from minferd.backend.cuda import CudaBackend, DeviceMemory
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"tc_chunks"})
-    monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tc")
-    qt = TYPES[name]
-    rng = np.random.default_rng(M + qt.ggml_id)
-    N, K = 200, blocks(qt, 8 if qt.block_elems == 256 else 64)
-    raw = random_blocks(qt, N, K, rng)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    bias = rng.standard_normal(N).astype(np.float32)
-    res = rng.standard_normal((M, N)).astype(np.float32)
-    be = CudaBackend(DeviceMemory())
-    be.stream = cp.cuda.Stream.null
-    w = Weight("w", qt, (K, N), cp.asarray(raw), None)
-    b = Weight("b", TYPES["F32"], (N,), cp.asarray(bias), None)
-    with be.scope():
-        out = cp.asnumpy(be.matmul(cp.asarray(x), w, b, residual=cp.asarray(res)))
-    assert rel_err(cp.asarray(out), reference(qt, raw, x) + bias + res) < TOL
-    for a in range(0, M, tc.MAX_M):
-        z = slice(a, a + tc.MAX_M)
-        alone = run(qt, cp.asarray(raw), x[z], cp.asarray(bias), cp.asarray(res[z]))
-        assert np.array_equal(cp.asnumpy(alone), out[z]), (name, M, a)

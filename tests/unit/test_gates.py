@@ -89,24 +89,3 @@ def test_decode_batches_of_16_take_tcgemv_over_cublas_on_the_copy(N, K):
     assert gates.choose(("cublas", "small", "tc"), "Q4_K", N, K, 64) == "cublas"
     for n in (9, 16, 32, 64):
         assert gates.choose(("small", "tc") + NO_COPY, "Q4_K", N, K, n) == "tc"
-
-
-def test_past_its_rows_a_chunked_kernel_is_timed_per_launch(tmp_path):
-    """tcgemv takes 64 rows a launch (gates.CHUNKED): at 65-256 rows it is timed as that many of
-    its 64-row time, beside the other kernels' nearest rows."""
-    rows = [{"type": "Q4_K", "N": 896, "K": 4864, "n": 64, "us": {"fused_b": 40.0, "tiles": 60.0, "tc": 11.0}},
-            {"type": "Q4_K", "N": 896, "K": 4864, "n": 128, "us": {"fused_b": 41.0, "tiles": 61.0}},
-            {"type": "Q4_K", "N": 896, "K": 4864, "n": 512, "us": {"fused_b": 45.0, "tiles": 70.0}}]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"rows": rows}))
-    assert gates.choose(("tc", "fused_b"), "Q4_K", 896, 4864, 128, path) == "tc"  # 2 x 11 against 41
-    assert gates.choose(("tc", "fused_b"), "Q4_K", 896, 4864, 200, path) == "tc"  # 4 x 11 within TIE of 41
-    assert gates.choose(("tc", "fused_b"), "Q4_K", 896, 4864, 512, path) == "fused_b"  # 8 x 11 against 45
-    assert gates.choose(("fused_b", "tiles"), "Q4_K", 896, 4864, 128, path) == "fused_b"  # not offered
-
-
-def test_the_committed_table_sends_65_to_128_rows_of_ffn_down_to_tcgemv():
-    """The H200 table at 64 rows: Q4_K 3584x18944 tcgemv 54.6 us against fused_b's 184.8, and fused_b
-    at 128 rows 190.4: two 64-row launches (109 us) win without the f16 copy, cuBLAS on it (61) stays."""
-    assert gates.choose(("tc",) + NO_COPY, "Q4_K", 3584, 18944, 128) == "tc"
-    assert gates.choose(("cublas", "tc"), "Q4_K", 3584, 18944, 128) == "cublas"
