@@ -239,6 +239,7 @@ if [ "$stage" = gates ]; then
   cp minferd/backend/prefill_gates_h200.json "$OUT/gates.json"
   python3 bench/crossover.py --graph --types ${TYPES:-Q4_K,Q6_K} --models ${MODELS:-7b} --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
     --merge "$OUT/gates.json" 2>&1 | tee "$OUT/crossover.log" | tail -3
+  [ "${NCU:-1}" = 0 ] && exit 0  # NCU=0: the table alone
   timeout 150 ncu --clock-control none --kernel-name regex:mmvq --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
     python3 bench/mmvq_once.py --types Q4_K,Q6_K > "$OUT/ncu-mmvq.txt" 2>&1
