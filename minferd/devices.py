@@ -32,7 +32,7 @@ CUDA_GRAPH_ROWS = 256
 # last row's logits alone (cuda_graph.DecodeGraph's one_row): buckets 2 .. 32, 62 rows in all.
 PROMPT_GRAPH_ROWS = 32
 PREFILL_GRAPH_TOKENS = 1024  # one sequence's prefill of up to this many tokens replays a prefill graph
-GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice inside a captured graph, which keeps it
+GRAPH_UNPACK_BYTES = 16 << 20  # MMQ's unpacked-weight slice (or a dequantized tile) inside a captured graph, which keeps it
 DECODE_PARTIAL_ROWS = 4096  # split-K partials of decode attention: splits x sequences at most (kernels/attn_decode.py)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's own workspace per model, set so its calls can be captured (Hopper's size)
 LOGITS_ROWS = 64  # a pass that wants every position's logits makes them this many rows at a time
@@ -113,6 +113,10 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
     decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
     decode += 3 * GRAPH_UNPACK_BYTES
+    # Dequantized tiles inside graphs (cuda_matmul._tile_rows): at most GRAPH_UNPACK_BYTES or the
+    # largest matrix in f16, kept by each graph of more than 8 rows (the 16- to 256-row decode
+    # graphs, the 16- and 32-row prompt graphs) and the prefill graphs' pool.
+    decode += 8 * min(GRAPH_UNPACK_BYTES, f16 * widest * max(spec.n_vocab, widest))
     if device_moe():  # the prefill graphs' MoE layers (CudaBackend.graph_safe)
         decode += moe_grouped_bytes(spec, PREFILL_GRAPH_TOKENS)
     total = int(1.25 * (act + attn + tile + logits + decode + (moe_grouped_bytes(spec, n) if device_moe() else 0))) + (16 << 20) \

@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -88,7 +88,7 @@ class CudaMatmuls:
         elif kernel == "fused_b":
             fused_b(w.qtype, w.data, self._as_f16(x), out)
         else:
-            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, DEQUANT_ROWS, self._cublas_workspace())
+            gemm_tiles(w.qtype, w.data, self._as_f16(x), out, self._tile_rows(w.row_elems), self._cublas_workspace())
         if bias is not None:
             out += bias.data
         if residual is not None:
@@ -108,6 +108,11 @@ class CudaMatmuls:
             return GRAPH_UNPACK_BYTES
         return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.buf.nbytes // 8)
 
+    def _tile_rows(self, K: int) -> int:
+        """Rows of a dequantized tile: inside a graph, which keeps its tile for good, as many as
+        GRAPH_UNPACK_BYTES holds (all of a 0.5B's matrices but the output in one tile)."""
+        return max(1, min(DEQUANT_ROWS, GRAPH_UNPACK_BYTES // (2 * K))) if self.in_graph else DEQUANT_ROWS
+
     def _prefill_kernels(self, w: Weight, n: int) -> tuple[str, ...]:
         """The kernels w's plan allows at n tokens, preferred first where the gate table ties.
         With its f16 copy a matmul runs cuBLAS on it; without (a quantized plan, or a W16 model
@@ -124,9 +129,11 @@ class CudaMatmuls:
         if w.w16 is not None and n >= self.w16_min_tokens:
             allowed = ("cublas",) + small
         else:
-            # A graph keeps every buffer of its own (cuda_graph): tiles' dequantized slice would be
-            # one more copy per bucket; decode batches take the kernels that need none.
-            tiles = () if self.in_graph else ("tiles",)
+            # A graph keeps every buffer of its own (cuda_graph): there tiles take a small slice
+            # (_tile_rows; pending path graph_tiles), where before graphs ran only the kernels that
+            # need none. On the 0.5B's 896-wide matrices fused_b and mmq fill a few dozen CTAs: the
+            # H200 table (s27) at 128 rows, Q5_0 896x4864 tiles 18.7 us, mmq 47.3, fused_b 75.4.
+            tiles = ("tiles",) if not self.in_graph or pending.ready("graph_tiles") else ()
             mmq_ok = self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES
             allowed = small + ("fused_b",) + tiles + (("mmq",) if mmq_ok else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed

@@ -3,9 +3,10 @@ kernel times measured on the H200 (prefill_gates_h200.json, made by bench/crosso
 
 A kernel +40% at one shape can be -63% at another (the seeds' field notes), so nothing here is
 a rule of thumb: a matmul of type T, shape N x K and n tokens takes the table's row of the same
-type (Q4_K's where T was not measured), the nearest measured shape and the nearest n, and the
-lowest time among the kernels allowed, or the first allowed within TIE of it (the timing noise of
-small matmuls must not flip a model between kernels). Nothing measured: the first allowed.
+type (Q4_K's where T was not measured, or only at shapes farther than Q4_K's nearest), the nearest
+measured shape and the nearest n, and the lowest time among the kernels allowed, or the first
+allowed within TIE of it (the timing noise of small matmuls must not flip a model between
+kernels). Nothing measured: the first allowed.
 
 Another GPU: measure it (`python bench/crossover.py --table my_gpu.json`) and point
 MINFERD_GATE_TABLE at the file; until then the H200's table is used and the daemon says so.
@@ -71,12 +72,20 @@ def _log_gap(a: int, b: int) -> float:
 @functools.lru_cache(maxsize=4096)
 def choose(allowed: tuple[str, ...], qtype: str, N: int, K: int, n: int, path: Path = TABLE) -> str:
     """The kernel (one of `allowed`, in order of preference where unmeasured) for x (n, K) @ W (N, K).T."""
-    rows = _rows(path)
-    rows = rows.get(qtype) or rows.get(PROXY_TYPE) or []
-    if len(allowed) == 1 or not rows:
+    by_type = _rows(path)
+    if len(allowed) == 1:
         return allowed[0]
-    shape = min({(r["N"], r["K"]) for r in rows}, key=lambda s: _log_gap(s[0], N) + _log_gap(s[1], K))
-    same = [r for r in rows if (r["N"], r["K"]) == shape]
+
+    def gap(s):
+        return _log_gap(s[0], N) + _log_gap(s[1], K)
+    # The type's own nearest shape, unless the proxy measured one strictly nearer (Q8_0 timed only
+    # at the 0.5B's widths says little of a 7B-wide Q8_0 matrix that Q4_K's 7B rows do not).
+    near = [(gap(s), i, t, s) for i, t in enumerate((qtype, PROXY_TYPE))
+            for s in [min({(r["N"], r["K"]) for r in by_type.get(t, [])}, key=gap, default=None)] if s]
+    if not near:
+        return allowed[0]
+    _, _, t, shape = min(near)
+    same = [r for r in by_type[t] if (r["N"], r["K"]) == shape]
     row = min(same, key=lambda r: _log_gap(r["n"], n))
     timed = [k for k in allowed if k in row["us"]]
     if not timed:

@@ -165,6 +165,37 @@ def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q5_0"), ("qwen2", "q4_k"), ("gemma3", "q8_0"), ("llama", "q3_k")])
+@pytest.mark.parametrize("B", [16, 128])
+def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
+    """A decode graph of a quantized plan whose matmuls run dequantized tiles through cuBLAS
+    (backend/pending.py's graph_tiles; MINFERD_PREFILL_KERNEL makes it every matmul past 8 rows),
+    in tiles of a few rows (GRAPH_UNPACK_BYTES shrunk: several tiles a matrix, each kept by the
+    graph), gives the logits of the graph on the kernels that need no tile, within the path
+    tolerance."""
+    from minferd.backend import cuda_matmul, pending
+    tiles, one = [], cuda_matmul.gemm_tiles
+
+    def spy(qt, w, x16, out, tile_rows, *a):
+        if tile_rows != cuda_matmul.DEQUANT_ROWS:  # inside a graph (eager prefills keep DEQUANT_ROWS)
+            tiles.append((w.shape[0], tile_rows, x16.shape[1]))
+        return one(qt, w, x16, out, tile_rows, *a)
+
+    monkeypatch.setattr(cuda_matmul, "gemm_tiles", spy)
+    monkeypatch.setattr(cuda_matmul, "GRAPH_UNPACK_BYTES", 16 << 10)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"graph_tiles"} if on else pending.WAITING | {"graph_tiles"})
+        if on:
+            monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tiles")
+        tiles.clear()
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
+        assert bool(tiles) == on, tiles
+        assert all(rows * 2 * K <= (16 << 10) or rows == 1 for _, rows, K in tiles), tiles
+        assert not on or any(n > rows for n, rows, _ in tiles), tiles  # some matrix took several tiles
+    assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
+
+
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_q6k_units16_decodes_the_same(synth_model, quant, B, monkeypatch):
     """A decode graph whose one-column Q6_K mat-vecs run in 16-position units (cuda_matmul's

@@ -89,3 +89,28 @@ def test_decode_batches_of_16_take_tcgemv_over_cublas_on_the_copy(N, K):
     assert gates.choose(("cublas", "small", "tc"), "Q4_K", N, K, 64) == "cublas"
     for n in (9, 16, 32, 64):
         assert gates.choose(("small", "tc") + NO_COPY, "Q4_K", N, K, n) == "tc"
+
+
+def test_a_type_measured_only_at_far_shapes_takes_the_proxys_nearer_rows(tmp_path):
+    """Q8_0 timed only at the 0.5B's 896-wide shapes: a 3584-wide Q8_0 matmul takes Q4_K's 3584
+    rows (strictly nearer), an 896-wide one its own."""
+    rows = [{"type": "Q8_0", "N": 896, "K": 896, "n": 128, "us": {"fused_b": 9.0, "tiles": 5.0}},
+            {"type": "Q4_K", "N": 3584, "K": 3584, "n": 128, "us": {"fused_b": 5.0, "tiles": 9.0}}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert gates.choose(("fused_b", "tiles"), "Q8_0", 3584, 3584, 128, path) == "fused_b"
+    assert gates.choose(("fused_b", "tiles"), "Q8_0", 896, 896, 128, path) == "tiles"
+    assert gates.choose(("fused_b", "tiles"), "Q5_0", 896, 896, 128, path) == "fused_b"  # unmeasured: Q4_K's rows
+    assert gates.choose(("fused_b", "tiles"), "Q8_0", 1536, 1536, 128, path) == "tiles"  # nearer its own 896
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q8_0"])
+@pytest.mark.parametrize("N,K", [(896, 896), (128, 896), (4864, 896), (896, 4864)])
+def test_the_05b_quantized_plan_takes_tiles_past_64_rows(qtype, N, K):
+    """The committed H200 table's 0.5B rows (s27 call 2): without the f16 copy, fused_b and mmq fill
+    a few dozen CTAs on 896-wide matrices (Q5_0 896x4864 at 128 rows: tiles 18.7 us, mmq 47.3,
+    fused_b 75.4), so 128-2048 rows take dequantized tiles through cuBLAS (but Q8_0's gate / up at
+    128, where fused_b's 19.1 us is within TIE of tiles' 17.7)."""
+    for n in (128, 256, 512, 1024, 2048):
+        want = "fused_b" if (qtype, N, n) == ("Q8_0", 4864, 128) else "tiles"
+        assert gates.choose(NO_COPY, qtype, N, K, n) == want, n
