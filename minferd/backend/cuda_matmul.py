@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -130,12 +130,12 @@ class CudaMatmuls:
             allowed = ("cublas",) + small
         else:
             # A graph keeps every buffer of its own (cuda_graph): there tiles take a small slice
-            # (_tile_rows; pending path graph_tiles), where before graphs ran only the kernels that
-            # need none. On the 0.5B's 896-wide matrices fused_b and mmq fill a few dozen CTAs: the
-            # H200 table (s27) at 128 rows, Q5_0 896x4864 tiles 18.7 us, mmq 47.3, fused_b 75.4.
-            tiles = ("tiles",) if not self.in_graph or pending.ready("graph_tiles") else ()
+            # (_tile_rows). On the 0.5B's 896-wide matrices fused_b and mmq fill a few dozen CTAs:
+            # the H200 table (s27) at 128 rows, Q5_0 896x4864 tiles 18.7 us, mmq 47.3, fused_b
+            # 75.4; with tiles in graphs the 0.5B's 128-token prompt took 3.06 ms in the engine
+            # against 5.02, its 512 4.08 against 6.36 (s27 call 3).
             mmq_ok = self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES
-            allowed = small + ("fused_b",) + tiles + (("mmq",) if mmq_ok else ())
+            allowed = small + ("fused_b", "tiles") + (("mmq",) if mmq_ok else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):

@@ -169,11 +169,10 @@ def test_tc_small_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
 @pytest.mark.parametrize("B", [16, 128])
 def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
     """A decode graph of a quantized plan whose matmuls run dequantized tiles through cuBLAS
-    (backend/pending.py's graph_tiles; MINFERD_PREFILL_KERNEL makes it every matmul past 8 rows),
-    in tiles of a few rows (GRAPH_UNPACK_BYTES shrunk: several tiles a matrix, each kept by the
-    graph), gives the logits of the graph on the kernels that need no tile, within the path
-    tolerance."""
-    from minferd.backend import cuda_matmul, pending
+    (MINFERD_PREFILL_KERNEL makes it every matmul past 8 rows), in tiles of a few rows
+    (GRAPH_UNPACK_BYTES shrunk: several tiles a matrix, each kept by the graph), gives the logits
+    of the graph on fused_b, within the path tolerance."""
+    from minferd.backend import cuda_matmul
     tiles, one = [], cuda_matmul.gemm_tiles
 
     def spy(qt, w, x16, out, tile_rows, *a):
@@ -185,9 +184,7 @@ def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
     monkeypatch.setattr(cuda_matmul, "GRAPH_UNPACK_BYTES", 16 << 10)
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"graph_tiles"} if on else pending.WAITING | {"graph_tiles"})
-        if on:
-            monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tiles")
+        monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tiles" if on else "fused_b")
         tiles.clear()
         outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
         assert bool(tiles) == on, tiles
