@@ -37,6 +37,12 @@ MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized byte
 MATVEC_ROWS = 2  # read at each call (cuda_ops too): tests set it to MMVQ_MAX_BATCH for the old path
 
 
+# Tiles inside a graph only where the graph's tile holds this many of the matrix's rows (or all):
+# the gate table timed tiles of DEQUANT_ROWS, and a wide-K matrix in a graph's small tile (the 7B's
+# ffn_down: 442 rows of 18944) would be many GEMMs of a few CTAs, never timed.
+GRAPH_TILE_MIN_ROWS = 2048
+
+
 # Q6_K's one-column mat-vec in 16-position units (mmvq_units_k.cuh's UQ6_K16) up to this K: on the
 # H200 (s21 call 1) 6-8% faster at K = 3584 (the 7B's output 164.6 -> 151.5-154.8 us), 3% slower
 # at 18944. Not at 2-8 columns: its n = 8 instance spills, and was never timed.
@@ -134,8 +140,9 @@ class CudaMatmuls:
             # the H200 table (s27) at 128 rows, Q5_0 896x4864 tiles 18.7 us, mmq 47.3, fused_b
             # 75.4; with tiles in graphs the 0.5B's 128-token prompt took 3.06 ms in the engine
             # against 5.02, its 512 4.08 against 6.36 (s27 call 3).
+            tiles = ("tiles",) if self._tile_rows(w.row_elems) >= min(w.n_rows, GRAPH_TILE_MIN_ROWS) else ()
             mmq_ok = self.matmul_path != "fused_b" and w.qtype.name in MMQ_TYPES
-            allowed = small + ("fused_b", "tiles") + (("mmq",) if mmq_ok else ())
+            allowed = small + ("fused_b",) + tiles + (("mmq",) if mmq_ok else ())
         return (self.prefill_kernel,) if self.prefill_kernel in allowed else allowed
 
     def matmuls(self, x, ws, biases=None):

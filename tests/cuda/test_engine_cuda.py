@@ -182,6 +182,7 @@ def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
 
     monkeypatch.setattr(cuda_matmul, "gemm_tiles", spy)
     monkeypatch.setattr(cuda_matmul, "GRAPH_UNPACK_BYTES", 16 << 10)
+    monkeypatch.setattr(cuda_matmul, "GRAPH_TILE_MIN_ROWS", 1)
     outs = []
     for on in (False, True):
         monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tiles" if on else "fused_b")
