@@ -109,7 +109,7 @@ def cuda_scratch_bytes(spec, ctx: int, max_batch: int) -> int:
     # own (tcgemv from 3 rows: cuda_matmul.MATVEC_ROWS) and the 4- to 32-row prompt graphs'
     decode += 10 * max(mmq_small.scratch_bound(widest), tcgemv.scratch_bound(widest))
     # The prefill graphs' one pool (backend/cuda_graph.PrefillGraph): a pass of the largest bucket
-    # (no dequantized tiles in a graph; one logits row). Graphs of more than 64 rows may run MMQ,
+    # (its dequantized tile counted below; one logits row). Graphs of more than 64 rows may run MMQ,
     # whose unpacked slice each keeps: the 128- and 256-row decode graphs' and the prefill pool's.
     decode += PREFILL_GRAPH_TOKENS * (row + 2 * widest * f16) + spec.n_vocab * f32
     decode += 3 * GRAPH_UNPACK_BYTES
