@@ -80,12 +80,12 @@ def choose(allowed: tuple[str, ...], qtype: str, N: int, K: int, n: int, path: P
         return _log_gap(s[0], N) + _log_gap(s[1], K)
     # The type's own nearest shape, unless the proxy measured one strictly nearer (Q8_0 timed only
     # at the 0.5B's widths says little of a 7B-wide Q8_0 matrix that Q4_K's 7B rows do not).
-    near = [(gap(s), i, t, s) for i, t in enumerate((qtype, PROXY_TYPE))
-            for s in [min({(r["N"], r["K"]) for r in by_type.get(t, [])}, key=gap, default=None)] if s]
-    if not near:
+    nearest = {t: min({(r["N"], r["K"]) for r in by_type[t]}, key=gap) for t in (qtype, PROXY_TYPE) if t in by_type}
+    if not nearest:
         return allowed[0]
-    _, _, t, shape = min(near)
-    same = [r for r in by_type[t] if (r["N"], r["K"]) == shape]
+    own = nearest.get(qtype)
+    t = qtype if own and (PROXY_TYPE not in nearest or gap(own) <= gap(nearest[PROXY_TYPE])) else PROXY_TYPE
+    same = [r for r in by_type[t] if (r["N"], r["K"]) == nearest[t]]
     row = min(same, key=lambda r: _log_gap(r["n"], n))
     timed = [k for k in allowed if k in row["us"]]
     if not timed:

@@ -52,15 +52,17 @@ def _give_back_device_memory():
     if cupy is None:
         return
     from minferd.backend.cuda_memory import DeviceMemory
-    pools = [cupy.get_default_memory_pool()] + [m.pool for m in DeviceMemory.live()]
+
+    def pools():
+        return [cupy.get_default_memory_pool()] + [m.pool for m in DeviceMemory.live()]
     try:
         free, total = cupy.cuda.runtime.memGetInfo()
     except cupy.cuda.runtime.CUDARuntimeError:  # no device: nothing was allocated
         return
-    if sum(p.total_bytes() for p in pools) > 1 << 30 or free < total // 4:
+    if sum(p.total_bytes() for p in pools()) > 1 << 30 or free < total // 4:
         import gc
-        gc.collect()
-        for p in [cupy.get_default_memory_pool()] + [m.pool for m in DeviceMemory.live()]:
+        gc.collect()  # before the second look: pools the collector frees need no emptying
+        for p in pools():
             p.free_all_blocks()
 
 
