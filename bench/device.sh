@@ -29,7 +29,8 @@
 #            real daemon) on the 0.5B, 7B and 8B files (MODELS="05b 7b 8b") beside llama-bench built in the
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
 #            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT;
-#            REPS=25: prompts a length (default 5; an A/B of the host's share needs many: s26 call 4)
+#            REPS=25: prompts a length (default 5; an A/B of the host's share needs many: s26 call 4);
+#            HOPS=1: bench/rpc_hops.py first (a thread wake, and grpc's sync and aio servers' hand-offs)
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
@@ -262,6 +263,10 @@ if [ "$stage" = latency ]; then
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   for m in ${MODELS:-05b 7b 8b}; do q$m; done
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
+  # HOPS=1: what a thread wake and each gRPC server's hand-offs cost on this machine (after the build:
+  # never time the host while it compiles)
+  [ -n "${HOPS:-}" ] && timeout 120 python3 bench/rpc_hops.py --reps 2000 --json "$OUT/hops.json" 2>&1 \
+    | grep -v "^[IEW][0-9]" | tee "$OUT/hops.log"
   for m in ${MODELS:-05b 7b 8b}; do
     with=${lb:-}
     for v in ${AB:-default}; do

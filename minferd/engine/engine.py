@@ -195,10 +195,15 @@ class ModelEngine:
         for seq, tok in zip(seqs, self.model.be.sample(logits, seqs)):
             seq.add_token(int(tok))
             self._unsent.append(seq)
+            # A first token goes out at once, ahead of the sequence's bookkeeping: its time to first
+            # token is not held a step, and the client's thread wakes while this one goes on.
+            first = self._overlap and seq.t_first == seq.t_last
+            if first:
+                seq.flush()
             if seq.status is Status.FINISHED:
                 self._end(seq)
-            if self._overlap and seq.t_first == seq.t_last:
-                seq.flush()  # a first token goes out at once: its time to first token is not held a step
+                if first:
+                    seq.flush()
 
     def _end_stopped(self) -> None:
         stopped = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]

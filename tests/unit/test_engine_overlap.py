@@ -65,3 +65,26 @@ def test_a_first_token_goes_out_before_the_next_step_where_steps_overlap(synth_m
     while kinds[-1] != "end":
         kinds.append(seq.events.get(timeout=10)[0])
     assert kinds[0] == "piece" and kinds.count("piece") >= len(seq.generated) >= 1
+
+
+def test_a_one_token_request_gets_its_token_before_its_bookkeeping_then_its_end(synth_model):
+    """With overlap, a first token that also ends its sequence (max_tokens 1) is handed to the
+    client before the engine ends the sequence (its blocks given back, its end queued): the
+    client's thread wakes while the engine goes on. Its end still follows, in order."""
+    from dataclasses import replace
+    lm = overlapping_host().load("m", synth_model("qwen2"), LoadOptions(ctx=64))
+    seq = Sequence(prompts(lm.model.spec.n_vocab, [6])[0], replace(GREEDY, max_tokens=1), 64, lm.ws.tokenizer)
+    finish, queued_at_finish = lm.worker.scheduler.finish, []
+
+    def finish_seen(s):
+        queued_at_finish.append(s.events.qsize())
+        return finish(s)
+
+    lm.worker.scheduler.finish = finish_seen
+    lm.worker.add(seq)
+    events = [seq.events.get(timeout=10)]
+    while events[-1][0] != "end":
+        events.append(seq.events.get(timeout=10))
+    assert queued_at_finish and queued_at_finish[0] >= 1  # the token was out before the sequence ended
+    assert [e[0] for e in events][0] == "piece" and events[-1] == ("end", None, None)
+    assert [e[1] for e in events if e[0] == "piece" and e[1] >= 0] == seq.generated
