@@ -104,6 +104,11 @@ class Backend(ABC):
         replays a graph captured for the batch's size bucket)."""
         return model.forward_batch(batch, cache)
 
+    def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
+        """Whether `run` and `sample` of this step may run on a thread other than the engine's (a
+        request's own, engine.py): where nothing they do belongs to the thread that does it."""
+        return False
+
     def sample(self, logits, seqs) -> list[int]:
         """The next token of each sequence from its row of logits: its own Sampler on the host
         (the CUDA backend samples on the device and brings back only the ids)."""

@@ -14,7 +14,7 @@ import logging
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_sample, gates, pending
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Weight
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -224,24 +224,22 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         if batch.is_decode:
             return super().run(model, batch, cache)
         if n <= self.graph_rows:
-            if batch.n_seqs == 1 and n <= PROMPT_GRAPH_ROWS:
+            if self._one_row(batch):
                 return self.decode(model, batch.as_rows(), cache, one_row=True)
             logits = self.decode(model, batch.as_rows(), cache)
             if batch.n_seqs == 1:  # a view: no index copied in, no gather launched after the graph
                 return logits[n - 1:n]
             with self.stream:
                 return logits[cp.asarray(batch.last_rows().astype(np.int64))]
-        # The graph runs its bucket's rows, which is what decides the MoE's path inside it.
-        if batch.n_seqs > 1 or not self.graph_safe(model, prefill_bucket(min(n, PREFILL_BUCKETS[-1]))) \
-                or model.spec.head_dim not in cuda_attention.PREFILL_HEAD_DIMS:
+        if not self._prefill_graphs(model, batch):
             return super().run(model, batch, cache)
         top = PREFILL_BUCKETS[-1]
         if n > top:  # pieces of the largest bucket (0.5B, 2048 tokens: 49.9 ms eager, 2 x 12.8 so)
             for a in range(0, n, top):
                 logits = self.run(model, batch.chunk(a, min(n, a + top)), cache)
             return logits
-        bucket = prefill_bucket(n)
-        key = (id(cache), "prefill", bucket, batch.block_tables.shape[1])
+        key = self._prefill_key(batch, cache)
+        bucket = key[2]
         g = self.graphs.get(key)
         if g is None:
             if self._prefill_pool is None:
@@ -254,12 +252,48 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         """Logits (B, vocab) of a decode batch through the graph of its size bucket (captured on
         first use per cache, bucket and block-table width); one_row: a prompt as rows, the last
         row's logits (1, vocab) alone, through graphs of their own."""
-        bucket = decode_bucket(batch.n_seqs)
-        key = (id(cache), bucket, batch.block_tables.shape[1]) + (("one_row",) if one_row else ())
+        key = self._decode_key(batch.n_seqs, batch, cache, one_row)
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = DecodeGraph(self, model, cache, bucket, batch.block_tables.shape[1], one_row)
+            g = self.graphs[key] = DecodeGraph(self, model, cache, key[1], batch.block_tables.shape[1], one_row)
         return g.run(batch)
+
+    # Which graph `run` replays for a step: keys by (cache, bucket, block-table width).
+    @staticmethod
+    def _decode_key(rows: int, batch, cache: KVCache, one_row: bool = False) -> tuple:
+        return (id(cache), decode_bucket(rows), batch.block_tables.shape[1]) + (("one_row",) if one_row else ())
+
+    @staticmethod
+    def _prefill_key(batch, cache: KVCache) -> tuple:
+        return (id(cache), "prefill", prefill_bucket(len(batch.ids)), batch.block_tables.shape[1])
+
+    @staticmethod
+    def _one_row(batch) -> bool:
+        return batch.n_seqs == 1 and len(batch.ids) <= PROMPT_GRAPH_ROWS
+
+    def _prefill_graphs(self, model, batch) -> bool:
+        """Whether a step past the decode graphs' rows runs prefill graphs (one sequence; the graph
+        runs its bucket's rows, which is what decides an MoE's path inside it)."""
+        return batch.n_seqs == 1 and self.graph_safe(model, prefill_bucket(min(len(batch.ids), PREFILL_BUCKETS[-1]))) \
+            and model.spec.head_dim in cuda_attention.PREFILL_HEAD_DIMS
+
+    def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
+        """Only a replay of one graph captured already: a capture or an eager pass would make the
+        calling thread's own cuBLAS handle (and its workspace, outside the pool) and hold
+        thread-local capture state. Off until pending's caller_steps has passed on a GPU."""
+        if not pending.ready("caller_steps"):
+            return False
+        n = len(batch.ids)
+        if batch.is_decode:
+            key = self._decode_key(batch.n_seqs, batch, cache)
+        elif n <= self.graph_rows:
+            key = self._decode_key(n, batch, cache, self._one_row(batch))
+        elif n <= PREFILL_BUCKETS[-1] and self._prefill_graphs(model, batch):
+            key = self._prefill_key(batch, cache)
+        else:
+            return False
+        g = self.graphs.get(key)
+        return g is not None and g.graph is not None
 
     def sample(self, logits, seqs) -> list[int]:
         """On the device, only the ids back, where the kernel covers every row (cuda_sample.py)."""

@@ -42,7 +42,12 @@ from minferd.config import valve
 # ms slower in the engine, the 0.5B's 256 1.5 ms slower, 128 0.2-0.5 faster): it went. It saw
 # graph_tiles (dequantized tiles inside graphs) pass (8 tests) and win (the 0.5B's 128-token prompt
 # 5.02 -> 3.06 ms in the engine, 512 6.36 -> 4.08) and took it out.
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    # Session 28 (no GPU lent): a request that finds its engine idle runs its first step on its own
+    # thread (engine.py's turn), on CUDA only where that step replays a graph captured already
+    # (CudaBackend.runs_anywhere); on the CPU it runs (tests/unit/test_engine_caller_steps.py).
+    "caller_steps": "tests/cuda/test_engine_cuda.py: test_caller_steps_replay_on_the_requests_thread",
+}
 
 
 def _run_anyway() -> set[str]:

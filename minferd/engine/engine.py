@@ -7,6 +7,12 @@ function on the engine's thread between two steps (the host changes a weight set
 while no pass reads it). Closing the engine (an unload) refuses new work and ends every
 sequence and queued function with Aborted; a sequence whose client went away ends at the next
 step, and its blocks are free from then on.
+
+Whoever holds the turn runs steps: the engine's thread, or a request's own thread that finds the
+engine idle (nothing running, nothing queued). That one runs its sequence's first step itself
+where the backend allows it on any thread (a replay of graphs captured already: backend
+`runs_anywhere`), so a short prompt's first token comes with no thread hand-off either way (on
+the H200's VM each woke a sleeping thread, ~0.1 ms); the engine's thread takes the rest.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import threading
 import numpy as np
 
 from minferd.backend.batch import Batch
+from minferd.config import valve
 from minferd.engine.blocks import BlockManager
 from minferd.engine.scheduler import Scheduler
 from minferd.engine.sequence import Sequence, Status
@@ -25,6 +32,7 @@ from minferd.priority import lower_this_thread
 from minferd.worker import Job
 
 log = logging.getLogger("minferd")
+_WAKE = object()  # an inbox item that only wakes the engine's thread: a caller's step left work
 
 
 class ModelEngine:
@@ -39,6 +47,8 @@ class ModelEngine:
         self.requests = self.tokens = 0  # sequences that ran, and the tokens they generated
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # held by the thread running steps (see the module's doc)
+        self.caller_steps = valve("MINFERD_CALLER_STEPS") != "0"
         self._closed = False
         self._live: set = set()  # sequences and jobs not yet ended
         self._unsent: list[Sequence] = []  # sequences whose outbox holds events (see step)
@@ -51,7 +61,35 @@ class ModelEngine:
 
     # ---- the host's side ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        if self.caller_steps and self._turn.acquire(blocking=False):
+            try:
+                taken = self._first_step_here(seq)
+                wake = taken and self.scheduler.has_work()
+            finally:
+                self._turn.release()
+            if taken:
+                if wake:  # its decode, or a step the backend would not run here
+                    self._inbox.put(_WAKE)
+                return
         self._enqueue(seq)
+
+    def _first_step_here(self, seq: Sequence) -> bool:
+        """Under the turn, on the caller's thread: where the engine is idle, take seq and run its
+        first step here if the backend can (else it stays scheduled for the engine's thread).
+        False: the engine is not idle, and seq was not taken."""
+        with self._lock:
+            if self._closed or self.scheduler.has_work() or not self._inbox.empty():
+                return False
+            self.pending += 1
+            self._live.add(seq)
+        self.scheduler.add(seq)
+        try:
+            self.model.be.bind_thread()
+            self.step(here=True)
+        except Exception:  # the step's own errors end its sequences; this is anything before it
+            log.exception("model %s: a request's own step failed; the engine's thread takes it", self.name)
+        self._publish()
+        return True
 
     def submit(self, fn, on_done=None) -> Job:
         """Run fn(job) on the engine's thread between steps; returns the job at once."""
@@ -112,24 +150,28 @@ class ModelEngine:
         lower_this_thread()
         self.model.be.bind_thread()
         while True:
-            items = [] if self.scheduler.has_work() else [self._inbox.get()]
-            while True:
-                try:
-                    items.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            closing = self._take(items)
-            if closing:
-                self._abort_all()
-                return
-            self._end_stopped()
-            if self.scheduler.has_work():
-                self.step()
-            self._publish()
+            with self._turn:
+                busy = self.scheduler.has_work()
+            items = [] if busy else [self._inbox.get()]
+            with self._turn:
+                while True:
+                    try:
+                        items.append(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                if self._take(items):
+                    self._abort_all()
+                    return
+                self._end_stopped()
+                if self.scheduler.has_work():
+                    self.step()
+                self._publish()
 
     def _take(self, items) -> bool:
         closing = False
         for item in items:
+            if item is _WAKE:
+                continue
             if item is None:
                 closing = True
             elif isinstance(item, Job):
@@ -150,12 +192,17 @@ class ModelEngine:
             self._ended(job)
             job._finish()
 
-    def step(self) -> None:
+    def step(self, here: bool = False) -> None:
+        """One pass of what the scheduler picks. here: on a caller's thread, which runs it only
+        where the backend can there (else it stays scheduled, and the engine's thread runs it)."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
         try:
-            logits = self._forward(scheduled)
+            batch = self._batch(scheduled)
+            if here and not self.model.be.runs_anywhere(self.model, batch, self.cache):
+                return
+            logits = self._forward(batch)
             if self._overlap:
                 self._flush()  # the previous step's tokens, while this one computes
             self._postprocess(scheduled, logits)
@@ -172,11 +219,12 @@ class ModelEngine:
             seq.flush()
         self._unsent.clear()
 
-    def _forward(self, scheduled):
-        bs = self.cache.block_size
+    def _batch(self, scheduled) -> Batch:
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
-        batch = Batch.build(parts, bs, width=self.max_blocks)
+        return Batch.build(parts, self.cache.block_size, width=self.max_blocks)
+
+    def _forward(self, batch: Batch):
         return self.model.be.run(self.model, batch, self.cache)
 
     def _postprocess(self, scheduled, logits) -> None:

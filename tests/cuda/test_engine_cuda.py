@@ -3,6 +3,8 @@ pass, batched sequences keep their solo greedy tokens within the paths' agreemen
 ledger equals CuPy's pool through a batch of clients."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -282,3 +284,49 @@ def test_a_mixed_step_attends_as_each_sequence_alone():
         gpu.prepare(step)
         got = cp.asnumpy(gpu.attention(cp.asarray(q), gc, 0, step, 0, 0.1))
     assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
+
+
+@pytest.mark.parametrize("path", ["w16", "mmq"])
+def test_caller_steps_replay_on_the_requests_thread(synth_model, device_memory, path, monkeypatch):
+    """caller_steps (backend/pending.py): a request that finds its engine idle runs its first step
+    on its own thread where that step replays a graph captured already, with the tokens the
+    engine's thread gives the same prompt (a load of its own: no prefix-cache hit); a step whose
+    graph is not captured yet (its capture would make the request thread's own cuBLAS handle)
+    stays the engine thread's. Prompts of 1 (the decode graph), 16 (a one_row graph), 100 (a
+    graph of decode rows) and 300 tokens (a prefill graph)."""
+    from minferd.backend import pending
+    from minferd.devices import MatmulPath
+    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"caller_steps"})
+    mem = device_memory(limit=8 << 30)
+    h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), 8 << 30, w16_min_bytes=0, device="cuda:0")
+    me = threading.current_thread().name
+
+    def run(caller: bool) -> dict:
+        lm = h.load("m", str(synth_model("qwen2", "q4_k")), LoadOptions(MatmulPath(path), ctx=512))
+        be, names, run = lm.model.be, [], lm.model.be.run
+
+        def recorded(*a, **kw):
+            names.append(threading.current_thread().name)
+            return run(*a, **kw)
+
+        be.run, got = recorded, {}
+        for n in (1, 16, 100, 300):
+            first, second = prompts(lm.model.spec.n_vocab, [n, n], seed=n)
+            names.clear()
+            h.generate("m", first, GREEDY)  # its shapes' graphs captured, on the engine's thread
+            assert me not in names, (n, names[:4])
+            lm.worker.caller_steps = caller
+            names.clear()
+            got[n] = (h.generate("m", second, GREEDY).token_ids, list(names))
+            lm.worker.caller_steps = True
+        assert not any(g.eager for g in be.graphs.values())
+        assert h.ledger.held() == h.allocator.held_bytes()
+        h.unload("m")
+        assert h.ledger.held() == 0
+        return got
+
+    want, got = run(False), run(True)
+    for n, (tokens, names) in got.items():
+        assert tokens == want[n][0], n
+        assert me not in want[n][1], (n, want[n][1][:4])
+        assert names[0] == me and me not in names[1:], (n, names[:4])
