@@ -106,7 +106,9 @@ class Backend(ABC):
 
     def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
         """Whether `run` and `sample` of this step may run on a thread other than the engine's (a
-        request's own, engine.py): where nothing they do belongs to the thread that does it."""
+        request's own, engine.py): where nothing they do belongs to the thread that does it, and
+        they compute little on it. Not the CPU backend's passes: they compute on the calling
+        thread, which is the engine's, at a lower priority, so that status answers first."""
         return False
 
     def sample(self, logits, seqs) -> list[int]:

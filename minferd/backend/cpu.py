@@ -104,9 +104,6 @@ class CpuBackend(Backend):
             mem.release(b)
         self._scratch_list, self._scratch = [], None
 
-    def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
-        return True  # NumPy on its own pool of threads, whichever thread asks
-
     def to_device(self, a):
         return np.asarray(a)
 

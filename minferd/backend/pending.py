@@ -45,7 +45,7 @@ from minferd.config import valve
 PATHS: dict[str, str] = {
     # Session 28 (no GPU lent): a request that finds its engine idle runs its first step on its own
     # thread (engine.py's turn), on CUDA only where that step replays a graph captured already
-    # (CudaBackend.runs_anywhere); on the CPU it runs (tests/unit/test_engine_caller_steps.py).
+    # (CudaBackend.runs_anywhere); the engine's side is tested on the CPU (tests/unit/test_engine_caller_steps.py).
     "caller_steps": "tests/cuda/test_engine_cuda.py: test_caller_steps_replay_on_the_requests_thread",
 }
 

@@ -1,6 +1,10 @@
 """A request that finds its engine idle runs its first step on its own thread (engine.py: the
 turn), with the same tokens as through the engine's thread; where the backend cannot run the
-step there, where the engine is busy, or where it closes meanwhile, the engine's thread takes it."""
+step there, where the engine is busy, or where it closes meanwhile, the engine's thread takes it.
+
+The CPU backend never lets a step leave the engine's thread (its passes compute there, at a lower
+priority); these tests tell it to, as the CUDA backend does for replays of captured graphs, so
+the engine's side runs on the CPU."""
 from __future__ import annotations
 
 import threading
@@ -15,7 +19,13 @@ from tests.unit.test_engine import GREEDY, all_at_once, prompts
 
 def cpu_host() -> Host:
     mem = HostMemory()
-    return Host(lambda **kw: CpuBackend(2, mem, **kw), mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
+
+    def backend(**kw):
+        be = CpuBackend(2, mem, **kw)
+        be.runs_anywhere = lambda *a: True  # the CUDA backend's answer for a captured graph
+        return be
+
+    return Host(backend, mem, cpu_traits(2), 1 << 30, w16_min_bytes=0)
 
 
 def threads_of_runs(lm) -> list[str]:
@@ -62,7 +72,7 @@ def test_a_step_the_backend_will_not_run_here_stays_the_engines(synth_model):
     lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=128))
     p = prompts(lm.model.spec.n_vocab, [12])[0]
     want = h.generate("m", p, GREEDY).token_ids
-    lm.model.be.runs_anywhere = lambda *a: False  # the CUDA backend's answer before a graph is captured
+    lm.model.be.runs_anywhere = lambda *a: False  # the CPU backend's, and CUDA's before a graph is captured
     names = threads_of_runs(lm)
     assert h.generate("m", p, GREEDY).token_ids == want
     assert names and all(n.startswith("minferd-model-") for n in names)
