@@ -104,11 +104,14 @@ class Backend(ABC):
         replays a graph captured for the batch's size bucket)."""
         return model.forward_batch(batch, cache)
 
+    # Whether a step may ever run on a request's own thread (engine.py's turn; runs_anywhere says
+    # which). Not the CPU backend's: its passes compute on the calling thread, which is the
+    # engine's, at a lower priority, so that status answers first.
+    caller_steps = False
+
     def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
         """Whether `run` and `sample` of this step may run on a thread other than the engine's (a
-        request's own, engine.py): where nothing they do belongs to the thread that does it, and
-        they compute little on it. Not the CPU backend's passes: they compute on the calling
-        thread, which is the engine's, at a lower priority, so that status answers first."""
+        request's own): where nothing they do belongs to the thread that does it."""
         return False
 
     def sample(self, logits, seqs) -> list[int]:

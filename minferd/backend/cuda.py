@@ -277,12 +277,14 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         return batch.n_seqs == 1 and self.graph_safe(model, prefill_bucket(min(len(batch.ids), PREFILL_BUCKETS[-1]))) \
             and model.spec.head_dim in cuda_attention.PREFILL_HEAD_DIMS
 
+    @property
+    def caller_steps(self) -> bool:
+        return pending.ready("caller_steps")  # off until its test has passed on a GPU
+
     def runs_anywhere(self, model, batch, cache: KVCache) -> bool:
         """Only a replay of one graph captured already: a capture or an eager pass would make the
         calling thread's own cuBLAS handle (and its workspace, outside the pool) and hold
-        thread-local capture state. Off until pending's caller_steps has passed on a GPU."""
-        if not pending.ready("caller_steps"):
-            return False
+        thread-local capture state."""
         n = len(batch.ids)
         if batch.is_decode:
             key = self._decode_key(batch.n_seqs, batch, cache)

@@ -48,7 +48,7 @@ class ModelEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._turn = threading.Lock()  # held by the thread running steps (see the module's doc)
-        self.caller_steps = valve("MINFERD_CALLER_STEPS") != "0"
+        self.caller_steps = bool(model.be.caller_steps) and valve("MINFERD_CALLER_STEPS") != "0"
         self._closed = False
         self._live: set = set()  # sequences and jobs not yet ended
         self._unsent: list[Sequence] = []  # sequences whose outbox holds events (see step)
