@@ -33,6 +33,9 @@ from minferd.worker import Job
 
 log = logging.getLogger("minferd")
 _WAKE = object()  # an inbox item that only wakes the engine's thread: a caller's step left work
+# How long a request waits for the turn while the engine's thread, with nothing left to run, ends
+# its last step (a client's next request may come as soon as its last token went out).
+TURN_WAIT_S = 0.005
 
 
 class ModelEngine:
@@ -61,7 +64,7 @@ class ModelEngine:
 
     # ---- the host's side ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        if self.caller_steps and self._turn.acquire(blocking=False):
+        if self.caller_steps and self._idle_turn():
             try:
                 taken = self._first_step_here(seq)
                 wake = taken and self.scheduler.has_work()
@@ -72,6 +75,12 @@ class ModelEngine:
                     self._inbox.put(_WAKE)
                 return
         self._enqueue(seq)
+
+    def _idle_turn(self) -> bool:
+        """The turn, where it is free or the engine's thread holds it with no work left (read
+        without the turn: a hint; _first_step_here checks under it)."""
+        return self._turn.acquire(blocking=False) or (
+            not self.scheduler.has_work() and self._turn.acquire(timeout=TURN_WAIT_S))
 
     def _first_step_here(self, seq: Sequence) -> bool:
         """Under the turn, on the caller's thread: where the engine is idle, take seq and run its

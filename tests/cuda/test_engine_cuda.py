@@ -296,7 +296,9 @@ def test_caller_steps_replay_on_the_requests_thread(synth_model, device_memory, 
     graph of decode rows) and 300 tokens (a prefill graph)."""
     from minferd.backend import pending
     from minferd.devices import MatmulPath
+    from minferd.engine import engine
     monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"caller_steps"})
+    monkeypatch.setattr(engine, "TURN_WAIT_S", 10.0)  # a request right after one ended waits for the engine's step end
     mem = device_memory(limit=8 << 30)
     h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), 8 << 30, w16_min_bytes=0, device="cuda:0")
     me = threading.current_thread().name
