@@ -23,6 +23,7 @@ from minferd.model.generate import generate  # noqa: E402
 from minferd.model.loader import load_local  # noqa: E402
 from minferd.model.sampler import SamplingParams  # noqa: E402
 from tests.unit.test_engine import all_at_once, prompts  # noqa: E402 (the CPU tests' helpers)
+from tests.unit.test_engine_caller_steps import threads_of_runs  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
@@ -305,13 +306,7 @@ def test_caller_steps_replay_on_the_requests_thread(synth_model, device_memory, 
 
     def run(caller: bool) -> dict:
         lm = h.load("m", str(synth_model("qwen2", "q4_k")), LoadOptions(MatmulPath(path), ctx=512))
-        be, names, run = lm.model.be, [], lm.model.be.run
-
-        def recorded(*a, **kw):
-            names.append(threading.current_thread().name)
-            return run(*a, **kw)
-
-        be.run, got = recorded, {}
+        be, names, got = lm.model.be, threads_of_runs(lm), {}
         for n in (1, 16, 100, 300):
             first, second = prompts(lm.model.spec.n_vocab, [n, n], seed=n)
             names.clear()
