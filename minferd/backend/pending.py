@@ -47,6 +47,10 @@ PATHS: dict[str, str] = {
     # thread (engine.py's turn), on CUDA only where that step replays a graph captured already
     # (CudaBackend.runs_anywhere); the engine's side is tested on the CPU (tests/unit/test_engine_caller_steps.py).
     "caller_steps": "tests/cuda/test_engine_cuda.py: test_caller_steps_replay_on_the_requests_thread",
+    # Session 29: one decode column of Q4_K / Q6_K through mmvq_xs.cu (each thread's slice of x
+    # loaded once into registers, then only weight bytes in the row loop; cuda_matmul._stationary).
+    "mmvq_xs": "tests/cuda/test_mmvq_xs.py: test_every_variant_is_the_reference, test_group_bias_and_residual, "
+               "test_real_shapes, test_refuses_what_it_cannot_run, test_decode_graphs_decode_the_same",
 }
 
 
