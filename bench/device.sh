@@ -9,7 +9,8 @@
 #   prep     for the next call on the warm machine: llama.cpp built in a process that outlives the call,
 #            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
-#   xs       mmvq_xs against mmvq at one column, every (UPL, R, rows a CTA) (bench/mmvq_xs.py; MODELS=7b,8b)
+#   xs       mmvq_xs against mmvq at one column, every (UPL, R, rows a CTA) (bench/mmvq_xs.py; MODELS=05b,7b,8b);
+#            its picks in /tmp/xs_picks.json for a later stage's AB="MINFERD_PENDING=mmvq_xs+MINFERD_MMVQ_XS_CONFIGS=/tmp/xs_picks.json"
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
@@ -163,7 +164,7 @@ if [ "$stage" = pending ]; then
 fi
 if [ "$stage" = xs ]; then
   # mmvq_xs (x in registers) against mmvq at one column on the 7B's / 8B's decode launches, every shape of it.
-  python3 bench/mmvq_xs.py --models ${MODELS:-7b,8b} --reps ${REPS:-10} --json "$OUT/mmvq_xs.json" 2>&1 | tee "$OUT/mmvq_xs.log"
+  python3 bench/mmvq_xs.py --models ${MODELS:-05b,7b,8b} --reps ${REPS:-10} --json "$OUT/mmvq_xs.json" --pick /tmp/xs_picks.json 2>&1 | tee "$OUT/mmvq_xs.log"
 fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).

@@ -1,11 +1,13 @@
 """mmvq_xs (x in registers, kernels/mmvq_xs.cu) against mmvq at one decode column, on the launches a
 7B / 8B decode token makes (q/k/v and gate/up as one launch each, as the backend groups them), and
-every (UPL, R, rows a CTA) shape of mmvq_xs that fits: the data mmvq_xs.CONFIGS comes from.
+every (UPL, R, rows a CTA) shape of mmvq_xs that fits: the data mmvq_xs.CONFIGS comes from. --pick F
+writes, by type and shape class, the config whose launches of that class sum to least, where that sum
+is under 98% of mmvq's (else null: mmvq keeps the class), for MINFERD_MMVQ_XS_CONFIGS.
 
 Timing as bench/kernels.py's: a CUDA graph of back-to-back launches over enough weight copies that
 L2 never holds the next one, median of --reps replays; GB/s counts the weights only.
 
-    PYTHONPATH=. python bench/mmvq_xs.py [--models 7b,8b] [--reps 20] [--json F]
+    PYTHONPATH=. python bench/mmvq_xs.py [--models 05b,7b,8b] [--reps 20] [--json F] [--pick F]
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from kernels import CEILING, copies_for, random_weights, time_graph  # noqa: E40
 
 # (label, type, rows of each matrix in the launch, K)
 CASES = {
+    "05b": [("down", "Q4_K", (896,), 4864), ("down", "Q6_K", (896,), 4864)],  # its 896-wide rows are Q5_0 / Q8_0
     "7b": [("qkv", "Q4_K", (3584, 512, 512), 3584), ("o", "Q4_K", (3584,), 3584),
            ("gate+up", "Q4_K", (18944, 18944), 3584), ("down", "Q4_K", (3584,), 18944),
            ("down", "Q6_K", (3584,), 18944), ("v", "Q6_K", (512,), 3584), ("output", "Q6_K", (152064,), 3584)],
@@ -26,6 +29,24 @@ CASES = {
            ("down", "Q4_K", (4096,), 14336), ("down", "Q6_K", (4096,), 14336), ("output", "Q6_K", (128256,), 4096)],
 }
 RPCS = (4, 8, 16, 32, 64)
+WIN = 0.98  # a class goes to mmvq_xs only where its launches take under this share of mmvq's time
+
+
+def pick(report: list[dict]) -> dict[str, dict[str, list | None]]:
+    """{type: {class: the config with the least summed time over the class's launches, or None}}."""
+    from minferd.kernels.mmvq_shapes import shape_class
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for rec in report:
+        groups.setdefault((rec["type"], shape_class(max(rec["rows"]), rec["K"])), []).append(rec)
+    picks: dict[str, dict[str, list | None]] = {}
+    for (t, cls), recs in sorted(groups.items()):
+        timed = [{tuple(c): us for c, us in rec["sweep"]} for rec in recs]
+        common = set.intersection(*(set(d) for d in timed))
+        total = {c: sum(d[c] for d in timed) for c in common}
+        best = min(total, key=total.get) if total else None
+        won = best is not None and total[best] < WIN * sum(rec["mmvq_us"] for rec in recs)
+        picks.setdefault(t, {})[cls] = list(best) if won else None
+    return picks
 
 
 def main() -> int:
@@ -33,6 +54,7 @@ def main() -> int:
     ap.add_argument("--models", default="7b,8b")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pick", default=None, help="write the picks by type and class here (MINFERD_MMVQ_XS_CONFIGS)")
     args = ap.parse_args()
 
     import cupy as cp
@@ -83,6 +105,10 @@ def main() -> int:
             cp.get_default_memory_pool().free_all_blocks()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.pick:
+        picks = pick(report)
+        print("picks:", json.dumps(picks), flush=True)
+        Path(args.pick).write_text(json.dumps(picks))
     return 0
 
 

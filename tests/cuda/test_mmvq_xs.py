@@ -69,14 +69,16 @@ CHECK_ROWS = 256
 @pytest.mark.parametrize("name", xs.TYPES_XS)
 @pytest.mark.parametrize("rows,K", SHAPES)
 def test_real_shapes(name, rows, K, to_device):
-    """Each shape class's default config on the models' matrices: every row written and finite,
-    a sample against the reference, all of them within 1e-5 of mmvq."""
+    """Each shape class's config on the models' matrices (where CONFIGS leaves the class to mmvq,
+    the first of (1, 2, 8), (2, 2, 8) that fits): every row written and finite, a sample against the
+    reference, all of them within 1e-5 of mmvq."""
     qt = TYPES[name]
     rng = np.random.default_rng(rows + K)
     raw = random_blocks(qt, rows, K, rng)
     w = to_device(raw)
     x = rng.standard_normal((1, K)).astype(np.float32)
-    got, base = _run(qt, [w], x, stationary=True)[0], _run(qt, [w], x)[0]
+    config = None if xs.fits(qt, K, rows) else next(c for c in ((1, 2, 8), (2, 2, 8)) if xs.fits(qt, K, rows, c))
+    got, base = _run(qt, [w], x, stationary=True, config=config)[0], _run(qt, [w], x)[0]
     assert bool(cp.isfinite(got).all())
     sel = np.unique(np.concatenate([[0, rows - 1], rng.integers(0, rows, CHECK_ROWS)]))
     assert rel_err(got[:, cp.asarray(sel)], reference(qt, raw[sel], x)) < TOL
@@ -113,6 +115,8 @@ def test_decode_graphs_decode_the_same(synth_model, arch, quant, monkeypatch):
         return one(*a, stationary=stationary, **kw)
 
     monkeypatch.setattr(cuda_matmul, "mmvq_group", spy)
+    # every class on (a tiny model's matrices are all "few", which CONFIGS may leave to mmvq)
+    monkeypatch.setattr(xs, "CONFIGS", {t: dict.fromkeys(c, (1, 2, 8)) for t, c in xs.CONFIGS.items()})
     outs = []
     for on in (False, True):
         monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"mmvq_xs"} if on else pending.WAITING | {"mmvq_xs"})
