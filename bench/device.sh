@@ -9,8 +9,6 @@
 #   prep     for the next call on the warm machine: llama.cpp built in a process that outlives the call,
 #            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
-#   xs       mmvq_xs against mmvq at one column, every (UPL, R, rows a CTA) (bench/mmvq_xs.py; MODELS=05b,7b,8b);
-#            its picks in /tmp/xs_picks.json for a later stage's AB="MINFERD_PENDING=mmvq_xs+MINFERD_MMVQ_XS_CONFIGS=/tmp/xs_picks.json"
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
@@ -32,7 +30,8 @@
 #            same call (carry .llama); TESTS first while it builds (TESTS=all: tests/cuda); AB="MINFERD_PDL=0 MINFERD_PDL=1"
 #            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT;
 #            REPS=25: prompts a length (default 5; an A/B of the host's share needs many: s26 call 4);
-#            HOPS=1: bench/rpc_hops.py first (a thread wake, and grpc's sync and aio servers' hand-offs)
+#            HOPS=1: bench/rpc_hops.py first (a thread wake, and grpc's sync and aio servers' hand-offs);
+#            HOST_LOAD=16: that many busy loops on the host through the timed runs (llama.cpp's columns too)
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
@@ -162,10 +161,6 @@ fi
 if [ "$stage" = pending ]; then
   pending_tests ${TEST_LIMIT:-240}
 fi
-if [ "$stage" = xs ]; then
-  # mmvq_xs (x in registers) against mmvq at one column on the 7B's / 8B's decode launches, every shape of it.
-  python3 bench/mmvq_xs.py --models ${MODELS:-05b,7b,8b} --reps ${REPS:-10} --json "$OUT/mmvq_xs.json" --pick /tmp/xs_picks.json 2>&1 | tee "$OUT/mmvq_xs.log"
-fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
   # MODELS=30b,20b: the MoE presets' dense shapes; SWEEP=1 times every kernel shape too; UNITS16=1 Q6_K's
@@ -273,6 +268,9 @@ if [ "$stage" = latency ]; then
   # never time the host while it compiles)
   [ -n "${HOPS:-}" ] && timeout 120 python3 bench/rpc_hops.py --reps 2000 --json "$OUT/hops.json" 2>&1 \
     | grep -v "^[IEW][0-9]" | tee "$OUT/hops.log"
+  # HOST_LOAD=N: N busy loops on the host's cores through the timed runs (a build, a test suite's
+  # workers beside the daemon): what a client waits for when the engine's thread competes for a core.
+  loaders=""; for _ in $(seq ${HOST_LOAD:-0}); do sh -c 'while :; do :; done' & loaders="$loaders $!"; done
   for m in ${MODELS:-05b 7b 8b}; do
     with=${lb:-}
     for v in ${AB:-default}; do
@@ -285,6 +283,7 @@ if [ "$stage" = latency ]; then
       with=""  # llama.cpp's columns once a model
     done
   done
+  [ -n "$loaders" ] && kill $loaders
 fi
 if [ "$stage" = moe ]; then
   llama_bg

@@ -17,8 +17,7 @@ import numpy as np
 from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
-from minferd.backend.pending import ready
-from minferd.kernels import mmq_small, mmvq_xs, tcgemv
+from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
@@ -50,11 +49,6 @@ GRAPH_TILE_MIN_ROWS = 2048
 UNITS16_MAX_K = 4096
 
 
-def _stationary(qt, K: int, rows: int, n: int) -> bool:
-    """One column through mmvq_xs (x held in registers; the pending path mmvq_xs) where it fits."""
-    return n == 1 and ready("mmvq_xs") and mmvq_xs.fits(qt, K, rows)
-
-
 def _units16(qt, K: int, n: int) -> bool:
     return qt.name in MMVQ_UNITS16 and K <= UNITS16_MAX_K and n == 1
 
@@ -79,9 +73,8 @@ class CudaMatmuls:
             out = cp.empty((n, w.n_rows), cp.float32)
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
-                xs = _stationary(w.qtype, w.row_elems, w.n_rows, n)
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     units16=not xs and _units16(w.qtype, w.row_elems, n), stationary=xs)
+                     units16=_units16(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
@@ -168,11 +161,9 @@ class CudaMatmuls:
                     outs += [self.matmul(x, w, b) for w, b in part]
                     continue
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
-                qt, K = part[0][0].qtype, part[0][0].row_elems
-                xs = _stationary(qt, K, max(w.n_rows for w, _ in part), n)
-                mmvq_group(qt, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
+                mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           units16=not xs and _units16(qt, K, n), stationary=xs)
+                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
 

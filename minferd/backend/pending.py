@@ -41,16 +41,20 @@ from minferd.config import valve
 # rows through tcgemv in launches of 64) pass its tests and lose (the 7B's 65-256-token prompts 0.1-0.6
 # ms slower in the engine, the 0.5B's 256 1.5 ms slower, 128 0.2-0.5 faster): it went. It saw
 # graph_tiles (dequantized tiles inside graphs) pass (8 tests) and win (the 0.5B's 128-token prompt
-# 5.02 -> 3.06 ms in the engine, 512 6.36 -> 4.08) and took it out.
+# 5.02 -> 3.06 ms in the engine, 512 6.36 -> 4.08) and took it out. Session 29 wrote mmvq_xs (one
+# decode column with each thread's slice of x held in registers, only weight bytes in the row loop):
+# its tests passed on an H100 and alone it beat mmvq on gate/up (29.1 -> 25.0 us) and the 8B's Q6_K
+# ffn_down (26.5 -> 23.4), but inside the decode graphs it lost (8B 348.6 / 348.7 -> 331.5 / 323.6
+# tok/s in turns in one call; the 7B within the spread): it went (bench/results/s29, NOTES).
 PATHS: dict[str, str] = {
     # Session 28 (no GPU lent): a request that finds its engine idle runs its first step on its own
     # thread (engine.py's turn), on CUDA only where that step replays a graph captured already
     # (CudaBackend.runs_anywhere); the engine's side is tested on the CPU (tests/unit/test_engine_caller_steps.py).
+    # Session 29 (H100): its tests passed; at rest no gain (ttft_split, 300 requests, in turns: the
+    # 7B's 1 token 3.77-4.20 ms off, 3.72-3.80 on; 16 tokens 4.90-5.12 / 4.98-5.15), but while
+    # llama.cpp compiled on the host, off had medians of 57-116 ms where on kept 1.8-2.5 (the engine's
+    # thread is niced): to decide on the H200 at rest and under a host load.
     "caller_steps": "tests/cuda/test_engine_cuda.py: test_caller_steps_replay_on_the_requests_thread",
-    # Session 29: one decode column of Q4_K / Q6_K through mmvq_xs.cu (each thread's slice of x
-    # loaded once into registers, then only weight bytes in the row loop; cuda_matmul._stationary).
-    "mmvq_xs": "tests/cuda/test_mmvq_xs.py: test_every_variant_is_the_reference, test_group_bias_and_residual, "
-               "test_real_shapes, test_refuses_what_it_cannot_run, test_decode_graphs_decode_the_same",
 }
 
 

@@ -38,7 +38,12 @@
 #include "pdl.cuh"
 #include "mmvq_units_k.cuh"
 #include "xquant.cuh"
-#include "mmv_epilogue.cuh"
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 // ---------------------------------------------------------------------------------------
 // x (ncols, K) f32 -> xq (ncols, 2, K) int8 and xds (ncols, kbp) (d, sum) per 32 elements,
@@ -53,6 +58,16 @@ extern "C" __global__ void quantize_x(const float* __restrict__ x, int K, int nc
   if (gw >= (i64)ncols * nkb) return;  // whole warps leave together
   const int c = (int)(gw / nkb), kb = (int)(gw % nkb);
   quantize_block32(x[(i64)c * K + 32 * kb + lane], lane, xq + (i64)c * 2 * K + 32 * kb, K, xds + (i64)c * kbp + kb);
+}
+
+// The epilogue every mat-vec shares: out = x.W (+ bias[row]) (+ res[c, row]). Folding the
+// projection bias and the residual add in here saves two kernels per layer of a decode step.
+__device__ __forceinline__ void store_out(float* out, const float* bias, const float* res, int nrows, int c,
+                                          int row, float v) {
+  const i64 o = (i64)c * nrows + row;
+  if (bias) v += bias[row];
+  if (res) v += res[o];
+  out[o] = v;
 }
 
 // out[c, r] = sum_k x[c, k] * W[r, k] for r < nrows, c < ncols (<= NC).

@@ -26,7 +26,7 @@ import functools
 
 import numpy as np
 
-from . import kernel, mmvq_xs
+from . import kernel
 from .dequant import check_rows
 from .quant import TYPES, QuantType, by_name
 
@@ -187,7 +187,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, units16: bool = False, stationary: bool = False) -> None:
+         bias=None, residual=None, split_k: bool = False, units16: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -195,11 +195,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row. units16, stationary: see mmvq_group."""
+    FLOAT_SPLIT_KW warps a row. units16: see mmvq_group."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, units16=units16, stationary=stationary)
+                   biases=[bias], residual=residual, units16=units16)
         return
     _check_x(x)
     n, K = x.shape
@@ -223,13 +223,11 @@ MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, units16: bool = False, stationary: bool = False) -> None:
+               biases=None, residual=None, units16: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order.
-    stationary: one column through mmvq_xs.cu (x in registers; config then its (UPL, R, rows a CTA)),
-    where mmvq_xs.fits the type and shape."""
+    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
@@ -242,9 +240,6 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         raise ValueError("mmvq_group: one bias slot per matrix; a residual only with one matrix")
     _check_x(x)
     n, K = x.shape
-    if stationary and (units16 or n != 1 or not mmvq_xs.fits(qt, K, max(w.shape[0] for w in ws), config)):
-        raise ValueError(f"mmvq_group: no x-stationary kernel for {qt.name} at {n}x{K}"
-                         f" (one column of {', '.join(mmvq_xs.TYPES_XS)} rows within mmvq_xs.fits)")
     rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
     for w, out, b in zip(ws, outs, biases):
         _check_f32(out, (n, w.shape[0]), "out")
@@ -263,12 +258,9 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
         _check_scratch(scratch, n, K)
     off, kbp, _ = xq_layout(n, K)
     rows = [w.shape[0] for w in ws]
-    if stationary:
-        name, threads, per_cta, smem = mmvq_xs.shape(qt, K, max(rows), config)
-    else:
-        cfg = config or CONFIGS[qt.name][nc][shape_class(max(rows), K)]
-        nw, kw, r, _ = cfg
-        name, threads, per_cta, smem = kernel_name(qt, nc, cfg, units16), nw * 32, nw // kw * r, 0
+    cfg = config or CONFIGS[qt.name][nc][shape_class(max(rows), K)]
+    nw, kw, r, _ = cfg
+    per_cta = nw // kw * r
     ctas = [(m + per_cta - 1) // per_cta for m in rows]
     if sum(ctas) == 0:
         return
@@ -279,11 +271,9 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     B = [_ptr(b) for b in biases] + [np.uint64(0)] * pad
     cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
-    head = (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
-            np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off), np.int32(K))
     with _stream(stream):
-        if stationary:
-            mmvq_xs.fn(name)((sum(ctas),), (threads,), (*head, np.int32(per_cta), _ptr(residual)), shared_mem=smem)
-        else:
-            (_fn_any if units16 or config else _fn)(name)(
-                (sum(ctas),), (threads,), (*head, np.int32(kbp), np.int32(n), _ptr(residual)))
+        (_fn_any if units16 or config else _fn)(kernel_name(qt, nc, cfg, units16))(
+            (sum(ctas),), (nw * 32,),
+            (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
+             np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))
