@@ -104,6 +104,13 @@ class Backend(ABC):
         replays a graph captured for the batch's size bucket)."""
         return model.forward_batch(batch, cache)
 
+    # Whether a pass's arithmetic runs on the engine's thread (and its helpers): then that thread
+    # runs at a lower priority, so that status answers first on a machine the model keeps busy. A
+    # device backend's engine thread only launches and waits: niced, any host load (a build, a test
+    # suite's workers) keeps it off the cores while the GPU idles (s29 on an H100, llama.cpp
+    # compiling on the host: first tokens of 57-116 ms against 1.8-2.5 from a thread not niced).
+    computes_on_host = True
+
     # Whether a step may ever run on a request's own thread (engine.py's turn; runs_anywhere says
     # which). Not the CPU backend's: its passes compute on the calling thread, which is the
     # engine's, at a lower priority, so that status answers first.

@@ -42,6 +42,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
     kv_dtype = "f16"
     max_batch = CUDA_MAX_BATCH
     launches_async = True  # a pass returns once it is queued on the stream
+    computes_on_host = False  # the engine's thread keeps the daemon's priority (base.Backend)
 
     def __init__(self, memory: DeviceMemory, w16_min_tokens: int = MMVQ_MAX_BATCH + 1, matmul_path: str = "mmq"):
         self.memory, self.w16_min_tokens = memory, w16_min_tokens
@@ -113,7 +114,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._forget_graphs()
         self._xq = self._x16 = self._xm = self._normed_ahead = None
         if self.arena is not None:
-            self.arena.close()  # breaks its pool's cycle: else the buffer lives until the collector runs
+            self.arena.close()  # its chunks back at once, for the new arena over the same buffer
             self.arena = Arena(self._arena_buf)
 
     def _forget_graphs(self) -> None:

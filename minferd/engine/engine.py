@@ -156,7 +156,8 @@ class ModelEngine:
 
     # ---- the engine's thread ------------------------------------------------------------------
     def _run(self) -> None:
-        lower_this_thread()
+        if self.model.be.computes_on_host or valve("MINFERD_ENGINE_NICE") == "1":
+            lower_this_thread()
         self.model.be.bind_thread()
         while True:
             with self._turn:

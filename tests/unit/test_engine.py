@@ -3,6 +3,7 @@ prefix hits and preemption change no token, cancel frees blocks, and many client
 all finish (minferd/engine/)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -295,3 +296,15 @@ def test_a_decode_batch_is_built_as_the_general_path_builds_it():
     assert (fast.ctx_lens == general.ctx_lens).all() and (fast.block_tables == general.block_tables).all()
     assert fast.q_starts.tolist() == list(range(10)) and all(a.dtype == np.int32 for a in (
         fast.ids, fast.positions, fast.slots, fast.q_starts, fast.ctx_lens, fast.block_tables))
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority") or os.getpriority(os.PRIO_PROCESS, 0) >= 19,
+                    reason="no per-thread priorities here, or the process is at the lowest already")
+def test_a_host_backends_engine_thread_runs_below_the_daemon(synth_model):
+    """The CPU backend's passes compute on the engine's thread: it runs niced, so that status and
+    health answer first (a device backend's does not: tests/cuda/test_engine_cuda.py)."""
+    h = make_host()
+    lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=64))
+    h.generate("m", [1, 2, 3], GREEDY)  # the thread has started and set its priority
+    assert os.getpriority(os.PRIO_PROCESS, lm.worker._thread.native_id) > os.getpriority(os.PRIO_PROCESS, 0)
+    h.unload("m")
