@@ -1,4 +1,9 @@
-"""Which load_local objects outlive their last reference on CUDA (s30 diagnostic)."""
+"""Which objects of a model loaded outside the pool outlive it on CUDA: the backend, the model, the
+arena and its buffer, after the collector runs, and the local pool's bytes in use; for the buffer,
+who still refers to it. s30 (H100): the first three went, yet each load kept 679 MiB (its arena's
+buffer) in the pool; LocalModel.close() gives it back.
+
+    python bench/leak_probe.py MODEL.gguf"""
 import gc, sys, weakref, types
 sys.path.insert(0, '.')
 import numpy as np
@@ -31,15 +36,17 @@ def run(path, graph):
     m.forward_batch(Batch.build([(list(range(1, 20)), 0, tables[0]), (list(range(3, 30)), 0, tables[1])], 32), cache)
     if graph:
         be.to_host(be.decode(m, Batch.build([([5], 19, tables[0]), ([6], 27, tables[1])], 32, width=8), cache))
-    return weakref.ref(be), weakref.ref(m), weakref.ref(be.arena)
+    return weakref.ref(be), weakref.ref(m), weakref.ref(be.arena), weakref.ref(be._arena_buf)
 
 for path in ("mmq", "w16"):
     for graph in (False, True):
         refs = run(path, graph)
         gc.collect()
-        print(path, "graph" if graph else "eager", "alive (be, model, arena):", [r() is not None for r in refs],
+        print(path, "graph" if graph else "eager", "alive (be, model, arena, buffer):", [r() is not None for r in refs],
               "pool used", DeviceMemory.local().pool.used_bytes() >> 20, "MiB")
         if refs[0]() is not None:
             chain(refs[0]())
-        if refs[2]() is not None and refs[0]() is None:
-            print(" arena's referrers:"); chain(refs[2]())
+        for i, what in ((2, "arena"), (3, "buffer")):
+            if refs[i]() is not None and refs[0]() is None:
+                print(f" {what}'s referrers:")
+                chain(refs[i]())

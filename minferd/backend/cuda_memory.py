@@ -66,25 +66,6 @@ class DeviceMemory:
         return self.pool.used_bytes()
 
 
-class _Chunks:
-    """An arena's buffer carved front to back: what each of its pools allocates from. Apart from
-    the Arena, so that no pool refers back to the Arena that holds it: CuPy's pools are Cython
-    objects the garbage collector cannot see through, and an arena <-> pool cycle (a bound method
-    as the allocator) was never collected: a model loaded outside the pool and dropped kept its
-    arena for good (s30 on an H100: tests/cuda/test_engine_cuda.py ran 80 GB out, 0.7 GB a load)."""
-
-    def __init__(self, buf):
-        self.buf, self.used = buf, 0
-
-    def __call__(self, size: int):
-        size = (size + 511) // 512 * 512
-        if self.used + size > self.buf.nbytes:
-            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
-        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
-        self.used += size
-        return cp.cuda.MemoryPointer(mem, 0)
-
-
 class Arena:
     """A model's scratch: one buffer carved front to back into chunks for private MemoryPools,
     which keep and reuse them. A pass that would need more than the arena gets OutOfMemoryError.
@@ -96,20 +77,24 @@ class Arena:
     instead (the first version) held 28 layers' dequantized tiles at once and ran out."""
 
     def __init__(self, buf):
-        self.buf = buf
-        self._chunks = _Chunks(buf)
-        self.pool = cp.cuda.MemoryPool(self._chunks)
+        self.buf, self.used = buf, 0
+        self.pool = cp.cuda.MemoryPool(self._chunk)
 
-    @property
-    def used(self) -> int:
-        return self._chunks.used
+    def _chunk(self, size: int):
+        size = (size + 511) // 512 * 512
+        if self.used + size > self.buf.nbytes:
+            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
+        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
+        self.used += size
+        return cp.cuda.MemoryPointer(mem, 0)
 
     def graph_pool(self) -> cp.cuda.MemoryPool:
         """A pool for one graph's buffers, from this arena's chunks; the graph keeps it."""
-        return cp.cuda.MemoryPool(self._chunks)
+        return cp.cuda.MemoryPool(self._chunk)
 
     def close(self) -> None:
-        """Give every chunk back now (a weight change's new arena reuses the buffer)."""
+        """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
+        rather than whenever the garbage collector runs."""
         self.pool.free_all_blocks()
         self.pool = self.buf = None
 

@@ -173,6 +173,15 @@ class LocalModel:
     file: ModelFile
     load_ms: float
 
+    def close(self) -> None:
+        """Give the scratch arena back now, as an unload in the daemon does. A dropped CUDA model
+        kept its arena's 0.7 GB (a tiny model's) in CuPy's pool after the collector ran (s30,
+        H100: bench/leak_probe.py; the holder not yet found), so a process that loads several
+        (tests, bench) closes each."""
+        be = self.model.be
+        be.free_scratch(be.untracked())
+        be.close()
+
 
 def load_local(name_or_path: str, matmul_path: str = "mmq", threads: int | None = None, device: str = "cpu",
                ctx: int | None = None) -> LocalModel:
