@@ -6,8 +6,6 @@ buffer) in the pool; LocalModel.close() gives it back.
     python bench/leak_probe.py MODEL.gguf"""
 import gc, sys, weakref, types
 sys.path.insert(0, '.')
-import numpy as np
-import cupy as cp
 from minferd.model.loader import load_local
 from minferd.backend.batch import Batch
 from minferd.backend.cuda_memory import DeviceMemory
