@@ -1,50 +1,74 @@
 """Which objects of a model loaded outside the pool outlive it on CUDA: the backend, the model, the
-arena and its buffer, after the collector runs, and the local pool's bytes in use; for the buffer,
-who still refers to it. s30 (H100): the first three went, yet each load kept 679 MiB (its arena's
-buffer) in the pool; LocalModel.close() gives it back.
+arena and its buffer after the collector runs, the local pool's bytes in use, and for what still
+lives, who refers to it. s30 (H100): the first three went, yet each load kept 679 MiB (its arena's
+buffer) in the pool; LocalModel.close() gives it back (tests/cuda/test_local_resources.py).
 
-    python bench/leak_probe.py MODEL.gguf"""
-import gc, sys, weakref, types
-sys.path.insert(0, '.')
-from minferd.model.loader import load_local
-from minferd.backend.batch import Batch
-from minferd.backend.cuda_memory import DeviceMemory
+    python bench/leak_probe.py MODEL.gguf
+"""
+from __future__ import annotations
 
-def chain(obj, depth=0, seen=None):
-    seen = seen if seen is not None else set()
-    if depth > 5:
-        return
+import argparse
+import gc
+import sys
+import types
+import weakref
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+
+from minferd.backend.batch import Batch  # noqa: E402
+from minferd.model.loader import load_local  # noqa: E402
+
+DEPTH = 5  # referrer levels printed
+
+
+def referrers(obj, depth: int = 0, seen: set | None = None) -> None:
+    """Print what refers to obj, and what refers to those, DEPTH levels up (frames left out)."""
+    seen = set() if seen is None else seen
     for r in gc.get_referrers(obj):
         if id(r) in seen or r is seen or isinstance(r, types.FrameType):
             continue
         seen.add(id(r))
         desc = type(r).__name__
         if isinstance(r, dict):
-            keys = [k for k, v in r.items() if v is obj][:3]
-            desc += f" keys={keys}"
+            desc += f" keys={[k for k, v in r.items() if v is obj][:3]}"
         print("  " * depth + "<-", desc, str(r)[:100].replace("\n", " "))
-        if depth < 5 and not isinstance(r, (list,)) or depth < 2:
-            chain(r, depth + 1, seen)
+        if depth < DEPTH:
+            referrers(r, depth + 1, seen)
 
-def run(path, graph):
-    lm = load_local(sys.argv[1], path, device="cuda", ctx=256)
+
+def load_and_drop(model: str, path: str, graph: bool) -> list:
+    """Weak references to (backend, model, arena, its buffer) of a load that ran a prefill (and a
+    decode graph) and was then dropped."""
+    lm = load_local(model, path, device="cuda", ctx=256)
     m, be = lm.model, lm.model.be
     cache = m.new_cache(be.untracked(), 5 * 32)
     tables = [[0, 1], [2, 3]]
     m.forward_batch(Batch.build([(list(range(1, 20)), 0, tables[0]), (list(range(3, 30)), 0, tables[1])], 32), cache)
     if graph:
         be.to_host(be.decode(m, Batch.build([([5], 19, tables[0]), ([6], 27, tables[1])], 32, width=8), cache))
-    return weakref.ref(be), weakref.ref(m), weakref.ref(be.arena), weakref.ref(be._arena_buf)
+    return [weakref.ref(o) for o in (be, m, be.arena, be._arena_buf)]
 
-for path in ("mmq", "w16"):
-    for graph in (False, True):
-        refs = run(path, graph)
-        gc.collect()
-        print(path, "graph" if graph else "eager", "alive (be, model, arena, buffer):", [r() is not None for r in refs],
-              "pool used", DeviceMemory.local().pool.used_bytes() >> 20, "MiB")
-        if refs[0]() is not None:
-            chain(refs[0]())
-        for i, what in ((2, "arena"), (3, "buffer")):
-            if refs[i]() is not None and refs[0]() is None:
-                print(f" {what}'s referrers:")
-                chain(refs[i]())
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    args = ap.parse_args(argv)
+    from minferd.backend.cuda_memory import DeviceMemory  # CuPy: on the GPU machine only
+    for path in ("mmq", "w16"):
+        for graph in (False, True):
+            refs = load_and_drop(args.model, path, graph)
+            gc.collect()
+            alive = [r() is not None for r in refs]
+            print(path, "graph" if graph else "eager", "alive (backend, model, arena, buffer):", alive,
+                  "pool used", DeviceMemory.local().pool.used_bytes() >> 20, "MiB")
+            for r, what in zip(refs, ("backend", "model", "arena", "buffer")):
+                if r() is not None:
+                    print(f" {what}'s referrers:")
+                    referrers(r())
+                    break  # the first one alive: what holds it holds the rest
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,6 @@ pass, batched sequences keep their solo greedy tokens within the paths' agreemen
 ledger equals CuPy's pool through a batch of clients."""
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -341,46 +340,3 @@ def test_caller_steps_replay_on_the_requests_thread(synth_model, device_memory, 
         assert tokens == want[n][0], n
         assert me not in want[n][1], (n, want[n][1][:4])
         assert names[0] == me and me not in names[1:], (n, names[:4])
-
-
-@pytest.mark.skipif(os.getpriority(os.PRIO_PROCESS, 0) >= 19, reason="the process is at the lowest priority already")
-@pytest.mark.parametrize("nice", [None, "1"])
-def test_the_engine_thread_keeps_the_daemons_priority(synth_model, device_memory, nice, monkeypatch):
-    """A CUDA engine's thread only launches and waits: it keeps the daemon's priority, where a
-    niced one waits behind any host load while the GPU idles (base.Backend.computes_on_host);
-    MINFERD_ENGINE_NICE=1 lowers it as before (the A/B of bench/latency.py under HOST_LOAD)."""
-    if nice:
-        monkeypatch.setenv("MINFERD_ENGINE_NICE", nice)
-    mem = device_memory(limit=4 << 30)
-    h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), 4 << 30, w16_min_bytes=0, device="cuda:0")
-    lm = h.load("m", str(synth_model("qwen2", "q4_k")), LoadOptions(ctx=128))
-    h.generate("m", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2))  # its thread has started
-    mine = os.getpriority(os.PRIO_PROCESS, 0)
-    assert (os.getpriority(os.PRIO_PROCESS, lm.worker._thread.native_id) > mine) == bool(nice)
-    h.unload("m")
-
-
-def test_a_closed_local_model_gives_its_memory_back(synth_model):
-    """A model loaded outside the pool (tests, bench, `minferd run`) and closed gives its scratch
-    arena back, decode graphs captured or not, as an unload does in the daemon. (Dropped without
-    close, s30's H100 saw each load keep 679 MiB, its arena, after the collector ran: bench/leak_probe.py.)"""
-    import gc
-
-    from minferd.backend.cuda_memory import DeviceMemory
-
-    def load_and_close(graph: bool):
-        m, be, cache, step = prefilled(str(synth_model("qwen2", "q4_k")), "mmq", 2)
-        if graph:
-            be.to_host(be.decode(m, Batch.build(step, 32, width=8), cache))
-            assert be.graphs
-        _loaded.pop().close()
-        be.free(cache)
-
-    pool = DeviceMemory.local().pool
-    gc.collect()
-    before = pool.used_bytes()
-    for graph in (False, True):
-        load_and_close(graph)
-        gc.collect()
-        # weights and the cache are the model's until it goes; the arena (~0.7 GB) is not there
-        assert pool.used_bytes() - before < 64 << 20, (graph, pool.used_bytes() - before)
