@@ -1,7 +1,9 @@
 """Which objects of a model loaded outside the pool outlive it on CUDA: the backend, the model, the
 arena and its buffer after the collector runs, the local pool's bytes in use, and for what still
 lives, who refers to it. s30 (H100): the first three went, yet each load kept 679 MiB (its arena's
-buffer) in the pool; LocalModel.close() gives it back (tests/cuda/test_local_resources.py).
+buffer) in the pool; s31: the buffer's holders were its chunks' memory objects, themselves held by
+nothing the collector sees (CuPy's split pool blocks, `no_gc`, left in cycles when their pool
+died): cuda_memory._Owner lets the buffer go with the arena.
 
     python bench/leak_probe.py MODEL.gguf
 """
@@ -37,7 +39,7 @@ def referrers(obj, depth: int = 0, seen: set | None = None) -> None:
             referrers(r, depth + 1, seen)
 
 
-def load_and_drop(model: str, path: str, graph: bool) -> list:
+def load_and_drop(model: str, path: str, graph: bool) -> tuple[list, tuple[int, int]]:
     """Weak references to (backend, model, arena, its buffer) of a load that ran a prefill (and a
     decode graph) and was then dropped."""
     lm = load_local(model, path, device="cuda", ctx=256)
@@ -47,7 +49,22 @@ def load_and_drop(model: str, path: str, graph: bool) -> list:
     m.forward_batch(Batch.build([(list(range(1, 20)), 0, tables[0]), (list(range(3, 30)), 0, tables[1])], 32), cache)
     if graph:
         be.to_host(be.decode(m, Batch.build([([5], 19, tables[0]), ([6], 27, tables[1])], 32, width=8), cache))
-    return [weakref.ref(o) for o in (be, m, be.arena, be._arena_buf)]
+    span = (be._arena_buf.data.ptr, be._arena_buf.nbytes)
+    refs = []
+    for o in (be, m, be.arena, be._arena_buf):
+        try:
+            refs.append(weakref.ref(o))
+        except TypeError:  # no weak references to it: reported as gone (the array scan still looks)
+            print(f" ({type(o).__name__} takes no weak reference)")
+            refs.append(lambda: None)
+    return refs, span
+
+
+def arrays_inside(span: tuple[int, int]) -> list:
+    """Live CuPy arrays (gc-tracked objects) whose memory lies in the dropped arena's buffer."""
+    import cupy as cp
+    lo, n = span
+    return [o for o in gc.get_objects() if isinstance(o, cp.ndarray) and lo <= o.data.ptr < lo + n]
 
 
 def main(argv=None) -> int:
@@ -57,8 +74,14 @@ def main(argv=None) -> int:
     from minferd.backend.cuda_memory import DeviceMemory  # CuPy: on the GPU machine only
     for path in ("mmq", "w16"):
         for graph in (False, True):
-            refs = load_and_drop(args.model, path, graph)
+            refs, span = load_and_drop(args.model, path, graph)
             gc.collect()
+            inside = arrays_inside(span)
+            print(f" arrays alive inside the dropped buffer: {len(inside)}",
+                  [(a.shape, str(a.dtype)) for a in inside[:8]])
+            if inside:
+                print(" the first one's referrers:")
+                referrers(inside[0])
             alive = [r() is not None for r in refs]
             print(path, "graph" if graph else "eager", "alive (backend, model, arena, buffer):", alive,
                   "pool used", DeviceMemory.local().pool.used_bytes() >> 20, "MiB")

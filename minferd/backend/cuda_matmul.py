@@ -112,7 +112,7 @@ class CudaMatmuls:
         adds that eighth: devices.cuda_scratch_bytes)."""
         if self.in_graph:  # a graph keeps its slice for good: a small one, in more launches
             return GRAPH_UNPACK_BYTES
-        return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.buf.nbytes // 8)
+        return MMQ_UNPACK_BYTES if self.arena is None else min(MMQ_UNPACK_BYTES, self.arena.nbytes // 8)
 
     def _tile_rows(self, K: int) -> int:
         """Rows of a dequantized tile: inside a graph, which keeps its tile for good, as many as

@@ -66,6 +66,22 @@ class DeviceMemory:
         return self.pool.used_bytes()
 
 
+class _Owner:
+    """What every chunk's memory keeps alive: the arena's buffer, until the arena goes.
+
+    A CuPy pool that dies with blocks still split (a backend collected in a reference cycle, its
+    pools dropped before the arrays carved from them) leaves those blocks linked prev <-> next in
+    a cycle the collector cannot see: CuPy's _Chunk is `no_gc`. Were the buffer their memory's
+    owner, it would stay allocated for the process's life: s30's H100 kept 679 MiB for each tiny
+    model loaded locally and dropped, and s31's bench/leak_probe.py found the holders invisible to
+    gc. Through this owner such a cycle keeps only a few small objects."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf):
+        self.buf = buf
+
+
 class Arena:
     """A model's scratch: one buffer carved front to back into chunks for private MemoryPools,
     which keep and reuse them. A pass that would need more than the arena gets OutOfMemoryError.
@@ -74,17 +90,25 @@ class Arena:
     as torch's graphs do: inside the capture a freed buffer is reused by the next allocation
     (the replay runs in the same stream order), and after it nothing else allocates there, so
     no later pass can take memory the graph still writes. Keeping every buffer of a capture
-    instead (the first version) held 28 layers' dequantized tiles at once and ran out."""
+    instead (the first version) held 28 layers' dequantized tiles at once and ran out.
+
+    The chunks keep the buffer through `_Owner`, which lets it go when the arena is closed or
+    collected. A pool must outlive the arrays it hands out (CuPy's own rule), so the backend
+    drops its graphs, and with them their pools, before it closes the arena."""
 
     def __init__(self, buf):
-        self.buf, self.used = buf, 0
+        self.owner, self.used = _Owner(buf), 0
+        self.nbytes = buf.nbytes
         self.pool = cp.cuda.MemoryPool(self._chunk)
 
     def _chunk(self, size: int):
         size = (size + 511) // 512 * 512
-        if self.used + size > self.buf.nbytes:
-            raise cp.cuda.memory.OutOfMemoryError(size, self.buf.nbytes - self.used, self.buf.nbytes)
-        mem = cp.cuda.UnownedMemory(self.buf.data.ptr + self.used, size, self.buf)
+        buf = self.owner.buf
+        if buf is None:
+            raise RuntimeError("the arena is closed: no pass may allocate from it")
+        if self.used + size > self.nbytes:
+            raise cp.cuda.memory.OutOfMemoryError(size, self.nbytes - self.used, self.nbytes)
+        mem = cp.cuda.UnownedMemory(buf.data.ptr + self.used, size, self.owner)
         self.used += size
         return cp.cuda.MemoryPointer(mem, 0)
 
@@ -93,10 +117,14 @@ class Arena:
         return cp.cuda.MemoryPool(self._chunk)
 
     def close(self) -> None:
-        """Give every chunk back and break the pool <-> arena cycle, so the buffer is freed now
-        rather than whenever the garbage collector runs."""
-        self.pool.free_all_blocks()
-        self.pool = self.buf = None
+        """Give every chunk back and let the buffer go now, rather than whenever the garbage
+        collector runs (the pool <-> arena cycle) or never (see _Owner)."""
+        if self.pool is not None:
+            self.pool.free_all_blocks()
+        self.pool = self.owner.buf = None
+
+    def __del__(self):
+        self.owner.buf = None  # collected without close (a dropped local model): see _Owner
 
     def malloc(self, size: int):
         return self.pool.malloc(size)

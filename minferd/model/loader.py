@@ -174,10 +174,9 @@ class LocalModel:
     load_ms: float
 
     def close(self) -> None:
-        """Give the scratch arena back now, as an unload in the daemon does. A dropped CUDA model
-        kept its arena's 0.7 GB (a tiny model's) in CuPy's pool after the collector ran (s30,
-        H100: bench/leak_probe.py; the holder not yet found), so a process that loads several
-        (tests, bench) closes each."""
+        """Give the scratch arena back now, as an unload in the daemon does, rather than when the
+        collector finds the dropped model (cuda_memory._Owner: before s31 a dropped CUDA model
+        kept its arena for good). Device arrays its passes returned are invalid after."""
         be = self.model.be
         be.free_scratch(be.untracked())
         be.close()
