@@ -22,7 +22,7 @@ DRAIN_SECONDS = 30.0
 MIN_TOKEN_CHARS = 16  # a shorter bearer token is refused at start (`openssl rand -hex 16` gives 32)
 HEALTH_WATCH_SECONDS = 1.0  # how soon a Watch of model/<name> hears that the model came or went
 SERVE_TICK_SECONDS = 1.0  # the serve loop reaps expired models and looks for --parent-pid this often
-COMPUTE_NICE = 19  # added to the nice value of threads that compute (minferd/priority.py)
+COMPUTE_NICE = 5  # added to the nice value of threads that compute (minferd/priority.py says why 5)
 GIL_SWITCH_SECONDS = 0.0005  # the daemon's sys.setswitchinterval (Python's default: 5 ms)
 METRICS_HOST = "127.0.0.1"  # --metrics-port's address; another one needs --metrics-listen and a token
 

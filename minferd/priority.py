@@ -1,7 +1,15 @@
 """Threads that compute (a model's worker, the CPU backend's pool) run at a lower scheduling
 priority than the ones that answer (gRPC, the serve loop): on a machine whose cores the models
 keep busy, status and health still answer within milliseconds. On 2 cores under 64 clients
-(bench/load.py) GetStatus p99 went from 30 ms to 14-21 ms, generation throughput unchanged."""
+(bench/load.py) GetStatus p99 went from 30 ms to 14-21 ms, generation throughput unchanged.
+
+Nice +5, not +19: a nice value counts against every process in the same scheduling group (one
+autogroup: a shell session, a CI job; one cgroup), not only the daemon's own threads. A daemon
+started beside a test suite's workers, at +19, got ~1% of a core against three busy processes:
+40 tokens of gemma3-270m took past the 30 s drain (s31, tests/e2e/test_server.py's SIGTERM test
+failed 3 runs of 6 this way; +10 took 32 s, +5 4.9 s). Inside the daemon +5 still puts answers
+first: bench/load.py, 64 clients, prober GetStatus p50 / p90 1.5-1.7 / 6.8-8.6 ms at +19,
+1.7-1.8 / 6.9-8.4 at +5, 5.0 / 13.4 at 0."""
 from __future__ import annotations
 
 import os
