@@ -46,16 +46,11 @@ from minferd.config import valve
 # its tests passed on an H100 and alone it beat mmvq on gate/up (29.1 -> 25.0 us) and the 8B's Q6_K
 # ffn_down (26.5 -> 23.4), but inside the decode graphs it lost (8B 348.6 / 348.7 -> 331.5 / 323.6
 # tok/s in turns in one call; the 7B within the spread): it went (bench/results/s29, NOTES).
-PATHS: dict[str, str] = {
-    # Session 28 (no GPU lent): a request that finds its engine idle runs its first step on its own
-    # thread (engine.py's turn), on CUDA only where that step replays a graph captured already
-    # (CudaBackend.runs_anywhere); the engine's side is tested on the CPU (tests/unit/test_engine_caller_steps.py).
-    # Session 29 (H100): its tests passed; at rest no gain (ttft_split, 300 requests, in turns: the
-    # 7B's 1 token 3.77-4.20 ms off, 3.72-3.80 on; 16 tokens 4.90-5.12 / 4.98-5.15), but while
-    # llama.cpp compiled on the host, off had medians of 57-116 ms where on kept 1.8-2.5 (the engine's
-    # thread is niced): to decide on the H200 at rest and under a host load.
-    "caller_steps": "tests/cuda/test_engine_cuda.py: test_caller_steps_replay_on_the_requests_thread",
-}
+# Session 28 wrote caller_steps (a request that finds its engine idle runs its first step on its own
+# thread, on CUDA a graph's replay only); session 29 saw its tests pass; session 31 measured it under
+# 16 busy loops on an H100's host (TTFT 2.5-3x lower, NOTES) and at rest (within the spread) and took
+# it out.
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

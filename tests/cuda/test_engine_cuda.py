@@ -302,16 +302,14 @@ def test_a_mixed_step_attends_as_each_sequence_alone():
 
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 def test_caller_steps_replay_on_the_requests_thread(synth_model, device_memory, path, monkeypatch):
-    """caller_steps (backend/pending.py): a request that finds its engine idle runs its first step
+    """caller_steps (engine.py's turn): a request that finds its engine idle runs its first step
     on its own thread where that step replays a graph captured already, with the tokens the
     engine's thread gives the same prompt (a load of its own: no prefix-cache hit); a step whose
     graph is not captured yet (its capture would make the request thread's own cuBLAS handle)
     stays the engine thread's. Prompts of 1 (the decode graph), 16 (a one_row graph), 100 (a
     graph of decode rows) and 300 tokens (a prefill graph)."""
-    from minferd.backend import pending
     from minferd.devices import MatmulPath
     from minferd.engine import engine
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"caller_steps"})
     monkeypatch.setattr(engine, "TURN_WAIT_S", 10.0)  # a request right after one ended waits for the engine's step end
     mem = device_memory(limit=8 << 30)
     h = Host(lambda **kw: CudaBackend(mem, **kw), mem, cuda_traits(), 8 << 30, w16_min_bytes=0, device="cuda:0")
