@@ -7,7 +7,9 @@ Nice +5, not +19: a nice value counts against every process in the same scheduli
 autogroup: a shell session, a CI job; one cgroup), not only the daemon's own threads. A daemon
 started beside a test suite's workers, at +19, got ~1% of a core against three busy processes:
 40 tokens of gemma3-270m took past the 30 s drain (s31, tests/e2e/test_server.py's SIGTERM test
-failed 3 runs of 6 this way; +10 took 32 s, +5 4.9 s). Inside the daemon +5 still puts answers
+failed 3 runs of 6 this way; +10 took 32 s, +5 4.9 s). And a thread preempted while it holds the
+GIL stalls every other one until it runs again, sooner at +5: tests/e2e/test_chaos.py beside one
+busy process, GetStatus p99 171-201 ms at +19, 74-78 at +5. Inside the daemon +5 still puts answers
 first: bench/load.py, 64 clients, prober GetStatus p50 / p90 1.5-1.7 / 6.8-8.6 ms at +19,
 1.7-1.8 / 6.9-8.4 at +5, 5.0 / 13.4 at 0."""
 from __future__ import annotations
