@@ -56,7 +56,7 @@ VALVES = {
     "MINFERD_GATE_TABLE": "a prefill gate table measured on another GPU (bench/crossover.py --table)",
     "MINFERD_LOAD_PAUSE_S": "seconds a load waits after each tensor (tests: a file changes mid-load)",
     "MINFERD_SMALL_BATCH": "off: batches of 9-64 tokens skip mmq_small (the A/B of bench/profile_ops.py)",
-    "MINFERD_ENGINE_NICE": "1: a device backend's engine thread at the lower priority too (the A/B of bench/latency.py under HOST_LOAD)",
+    "MINFERD_ENGINE_NICE": "an integer added to a device backend's engine thread's nice value (5: lowered as CPU engines are; -5: raised, with CAP_SYS_NICE; the A/B of bench/latency.py under HOST_LOAD)",
     "MINFERD_TCGEMV_CONFIG": "a kernels/tcgemv.py CONFIGS key for every tcgemv launch (the A/B of bench/serve.py)",
     "MINFERD_GRAPH_ROWS": "1-256: steps of up to this many tokens replay a decode graph (the A/B of bench/latency.py)",
     "MINFERD_DEVICE_MOE": "0: MoE layers expert by expert with host routing (backend/moe.py) instead of device routing and grouped GEMMs (backend/cuda_moe.py)",

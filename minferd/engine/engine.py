@@ -28,7 +28,7 @@ from minferd.engine.blocks import BlockManager
 from minferd.engine.scheduler import Scheduler
 from minferd.engine.sequence import Sequence, Status
 from minferd.errors import Aborted, NotFound
-from minferd.priority import lower_this_thread
+from minferd.priority import engine_nice, lower_this_thread, renice_this_thread
 from minferd.worker import Job
 
 log = logging.getLogger("minferd")
@@ -52,6 +52,8 @@ class ModelEngine:
         self._lock = threading.Lock()
         self._turn = threading.Lock()  # held by the thread running steps (see the module's doc)
         self.caller_steps = bool(model.be.caller_steps) and valve("MINFERD_CALLER_STEPS") != "0"
+        # Threads that compute on the host are lowered; a device engine's only launches and waits.
+        self._nice = None if model.be.computes_on_host else engine_nice(valve("MINFERD_ENGINE_NICE"))
         self._closed = False
         self._live: set = set()  # sequences and jobs not yet ended
         self._unsent: list[Sequence] = []  # sequences whose outbox holds events (see step)
@@ -156,8 +158,10 @@ class ModelEngine:
 
     # ---- the engine's thread ------------------------------------------------------------------
     def _run(self) -> None:
-        if self.model.be.computes_on_host or valve("MINFERD_ENGINE_NICE") == "1":
+        if self._nice is None:
             lower_this_thread()
+        elif self._nice:
+            renice_this_thread(self._nice)
         self.model.be.bind_thread()
         while True:
             with self._turn:

@@ -302,9 +302,16 @@ def test_a_decode_batch_is_built_as_the_general_path_builds_it():
                     reason="no per-thread priorities here, or the process is at the lowest already")
 def test_a_host_backends_engine_thread_runs_below_the_daemon(synth_model):
     """The CPU backend's passes compute on the engine's thread: it runs niced, so that status and
-    health answer first (a device backend's does not: tests/cuda/test_engine_cuda.py)."""
+    health answer first (a device backend's does not: tests/cuda/test_local_resources.py)."""
     h = make_host()
     lm = h.load("m", synth_model("qwen2"), LoadOptions(ctx=64))
     h.generate("m", [1, 2, 3], GREEDY)  # the thread has started and set its priority
     assert os.getpriority(os.PRIO_PROCESS, lm.worker._thread.native_id) > os.getpriority(os.PRIO_PROCESS, 0)
     h.unload("m")
+
+
+def test_engine_nice_takes_an_integer_and_names_itself_otherwise():
+    from minferd.priority import engine_nice
+    assert engine_nice(None) == 0 and engine_nice("-5") == -5 and engine_nice("5") == 5
+    with pytest.raises(ValueError, match="MINFERD_ENGINE_NICE='fast': expected an integer"):
+        engine_nice("fast")
