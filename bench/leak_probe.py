@@ -18,8 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
-from minferd.backend.batch import Batch  # noqa: E402
-from minferd.model.loader import load_local  # noqa: E402
 
 DEPTH = 5  # referrer levels printed
 
@@ -41,14 +39,10 @@ def referrers(obj, depth: int = 0, seen: set | None = None) -> None:
 
 def load_and_drop(model: str, path: str, graph: bool) -> tuple[list, tuple[int, int]]:
     """Weak references to (backend, model, arena, its buffer) of a load that ran a prefill (and a
-    decode graph) and was then dropped."""
-    lm = load_local(model, path, device="cuda", ctx=256)
+    decode graph) and was then dropped, and the buffer's (address, size)."""
+    from tests.cuda.test_local_resources import load_and_run  # CuPy: on the GPU machine only
+    lm, _ = load_and_run(model, graph, path)
     m, be = lm.model, lm.model.be
-    cache = m.new_cache(be.untracked(), 5 * 32)
-    tables = [[0, 1], [2, 3]]
-    m.forward_batch(Batch.build([(list(range(1, 20)), 0, tables[0]), (list(range(3, 30)), 0, tables[1])], 32), cache)
-    if graph:
-        be.to_host(be.decode(m, Batch.build([([5], 19, tables[0]), ([6], 27, tables[1])], 32, width=8), cache))
     span = (be._arena_buf.data.ptr, be._arena_buf.nbytes)
     refs = []
     for o in (be, m, be.arena, be._arena_buf):

@@ -114,7 +114,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self._forget_graphs()
         self._xq = self._x16 = self._xm = self._normed_ahead = None
         if self.arena is not None:
-            self.arena.close()  # breaks its pool's cycle: else the buffer lives until the collector runs
+            self.arena.close()  # its chunks back at once; the new arena carves the same buffer afresh
             self.arena = Arena(self._arena_buf)
 
     def _forget_graphs(self) -> None:

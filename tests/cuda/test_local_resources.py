@@ -58,10 +58,10 @@ def test_the_engine_thread_keeps_the_daemons_priority(synth_model, device_memory
     h.unload("m")
 
 
-def _load_and_run(path: str, graph: bool):
+def load_and_run(path: str, graph: bool, matmul_path: str = "mmq"):
     """A local model that ran a prefill of two sequences (and, with graph, a decode graph), and its
-    KV cache."""
-    lm = load_local(path, "mmq", device="cuda", ctx=256)
+    KV cache (bench/leak_probe.py runs it too)."""
+    lm = load_local(path, matmul_path, device="cuda", ctx=256)
     m, be = lm.model, lm.model.be
     cache = m.new_cache(be.untracked(), 5 * 32)
     tables = [[0, 1], [2, 3]]
@@ -83,7 +83,7 @@ def test_a_local_model_gives_its_memory_back(synth_model, close):
     gc.collect()
     before = pool.used_bytes()
     for graph in (False, True):
-        lm, cache = _load_and_run(str(synth_model("qwen2", "q4_k")), graph)
+        lm, cache = load_and_run(str(synth_model("qwen2", "q4_k")), graph)
         if close:
             lm.close()
             lm.model.be.free(cache)
