@@ -63,6 +63,7 @@ VALVES = {
     "MINFERD_PENDING": "comma-separated names of backend/pending.py's waiting paths to run anyway (a device call's A/B before they land)",
     "MINFERD_IDS_CONFIGS": "a JSON file of mmvq_ids kernel shapes by type and class (bench/moe_ids.py --json): the A/B of a sweep's picks",
     "MINFERD_PDL": "graphs of at most this many rows launch their nodes programmatically (default 64; 0: none)",
+    "MINFERD_RUN_AHEAD": "0: decode steps never run ahead of their tokens on the host; 1: they do even where the backend gains nothing (the CPU's: the tests') (engine.py)",
     "MINFERD_CALLER_STEPS": "0: a request never runs its first step on its own thread, even where its engine is idle (engine.py; the A/B of bench/latency.py)",
 }
 

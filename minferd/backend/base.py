@@ -78,6 +78,22 @@ def allocate_all(mem, kind: str, shapes, dtype) -> list:
     return made
 
 
+class Sampled:
+    """A step's sampled token ids: `ids` where the next step may read them (the device), and
+    tokens() on the host once they are there (it waits for them)."""
+
+    def __init__(self, ids, tokens):
+        self.ids, self._tokens = ids, tokens
+
+    def tokens(self) -> list[int]:
+        return self._tokens() if callable(self._tokens) else self._tokens
+
+
+def reads_history(seq) -> bool:
+    """Whether its sampler reads the tokens so far (a repeat penalty), which a step run ahead lacks."""
+    return seq.params.repeat_penalty != 1.0 and seq.params.repeat_last_n != 0
+
+
 class Backend(ABC):
     name: str
     memory: object  # the device's raw memory: empty(shape, dtype), used_bytes()
@@ -102,6 +118,8 @@ class Backend(ABC):
     def decode(self, model, batch, cache: KVCache):
         """Logits (B, vocab) of a decode batch, one new token per sequence (the CUDA backend
         replays a graph captured for the batch's size bucket)."""
+        if batch.ids_from is not None:  # a step run ahead, here where it gains nothing (the tests')
+            batch.ids = np.asarray(self.to_host(batch.ids_from), np.int32)
         return model.forward_batch(batch, cache)
 
     # Whether a pass's arithmetic runs on the engine's thread (and its helpers): then that thread
@@ -126,6 +144,21 @@ class Backend(ABC):
         (the CUDA backend samples on the device and brings back only the ids)."""
         rows = self.to_host(logits)
         return [s.sampler.sample(rows[i], s.tokens) for i, s in enumerate(seqs)]
+
+    # Whether the engine runs decode steps ahead by default: the next step launched with its token
+    # ids read on the device from this one's sampler, before this one's tokens reach the host
+    # (engine.py). Where launches return at once (CUDA) the GPU then never waits on the host
+    # between tokens; here a step computes as it is called, so it gains nothing (the tests turn
+    # it on with MINFERD_RUN_AHEAD=1 to check the engine's side).
+    runs_ahead = False
+
+    def sample_async(self, logits, seqs) -> Sampled | None:
+        """The tokens as sample() gives them, where the next step can read them before the host
+        does; None where it cannot (a sampler that reads the tokens so far)."""
+        if any(reads_history(s) for s in seqs):
+            return None
+        ids = np.asarray(self.sample(logits, seqs), np.int32)
+        return Sampled(ids, ids.tolist())
 
     # ---- memory --------------------------------------------------------------------------
     @abstractmethod

@@ -23,6 +23,9 @@ class Batch:
     block_tables: np.ndarray  # (B, W) int32, -1 past a sequence's blocks
     block_size: int
     dev: dict = field(default_factory=dict)  # the backend's copies (CudaBackend.prepare)
+    # A decode step run ahead (engine.py): its token ids are the step before's sampled ids, which are
+    # on the device still (Sampled.ids); `ids` holds placeholders then.
+    ids_from: object = None
 
     @classmethod
     def build(cls, seqs: list[tuple[list[int], int, list[int]]], block_size: int, width: int | None = None) -> Batch:

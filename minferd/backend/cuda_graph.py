@@ -79,6 +79,8 @@ class DecodeGraph:
         tables[:B] = batch.block_tables
         with be.scope(), cp.cuda.using_allocator(self.pool.malloc):
             self.buf.set(h, stream=be.stream)
+            if batch.ids_from is not None:  # a step run ahead: the ids the step before sampled, on the device
+                self.buf.data.copy_from_device_async(batch.ids_from.data, 4 * B, be.stream)
             if self.graph is None and not self.eager:
                 self._capture()
             if self.graph is None:

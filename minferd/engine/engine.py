@@ -13,6 +13,13 @@ engine idle (nothing running, nothing queued). That one runs its sequence's firs
 where the backend allows it on any thread (a replay of graphs captured already: backend
 `runs_anywhere`), so a short prompt's first token comes with no thread hand-off either way (on
 the H200's VM each woke a sleeping thread, ~0.1 ms); the engine's thread takes the rest.
+
+Decode runs a step ahead where the backend allows (backend `runs_ahead`): once every sequence of
+a step is decoding, the next step is launched with its token ids read on the device from this
+step's sampler, and only then are this step's tokens read and sent, so the GPU does not wait on
+the host between tokens. A sequence whose token ends it (an end-of-generation id, a stop string)
+is found a step late and that step's row is thrown away; one that ends by its length is not run
+ahead. New work, a stopped client or a job settles the step ahead first.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ class ModelEngine:
         self.max_blocks = -(-ctx // cache.block_size)  # a block table's width: one context
         self.pending = 0  # sequences and functions not yet ended: the pool treats the model as busy
         self.steps = 0
+        self.steps_ahead = 0  # decode steps whose tokens waited on the device for the next step's launch
         self.requests = self.tokens = 0  # sequences that ran, and the tokens they generated
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -60,6 +68,11 @@ class ModelEngine:
         # Where launches return before the work is done (CUDA), a step's tokens go out while the
         # next step runs on the device: waking 64 clients' threads costs the GIL milliseconds.
         self._overlap = bool(getattr(model.be, "launches_async", False))
+        ahead = valve("MINFERD_RUN_AHEAD")
+        if ahead not in (None, "0", "1"):
+            raise ValueError(f"MINFERD_RUN_AHEAD must be 0 or 1, got {ahead[:20]!r}")
+        self.runs_ahead = bool(model.be.runs_ahead) if ahead is None else ahead == "1"
+        self._ahead = None  # (sequences, Sampled) of a decode step launched whose tokens are not read yet
         self._publish()
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
         self._thread.start()
@@ -173,6 +186,8 @@ class ModelEngine:
                         items.append(self._inbox.get_nowait())
                     except queue.Empty:
                         break
+                if items and self._ahead:  # new work and jobs start with no step in flight
+                    self._settle()
                 if self._take(items):
                     self._abort_all()
                     return
@@ -209,6 +224,8 @@ class ModelEngine:
     def step(self, here: bool = False) -> None:
         """One pass of what the scheduler picks. here: on a caller's thread, which runs it only
         where the backend can there (else it stays scheduled, and the engine's thread runs it)."""
+        if self._ahead and not self._ahead_holds():
+            self._settle()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
@@ -219,11 +236,13 @@ class ModelEngine:
             logits = self._forward(batch)
             if self._overlap:
                 self._flush()  # the previous step's tokens, while this one computes
-            self._postprocess(scheduled, logits)
+            self._postprocess(scheduled, logits, may_hold=not here)
         except Exception as e:  # one bad pass fails the sequences in it, not the model
             log.exception("model %s: a step of %d sequences failed", self.name, len(scheduled))
+            self._drop_ahead()
             for seq, _ in scheduled:
-                self._end(seq, error=e)
+                if seq in self._live:  # not ended already (by a step ahead's token)
+                    self._end(seq, error=e)
         if not self._overlap or not self.scheduler.has_work():
             self._flush()
         self.steps += 1
@@ -234,6 +253,11 @@ class ModelEngine:
         self._unsent.clear()
 
     def _batch(self, scheduled) -> Batch:
+        if self._ahead:  # the step ahead's sequences again (_ahead_holds): their ids on the device
+            batch = Batch.build([([0], seq.n_computed, seq.block_table) for seq, _ in scheduled],
+                                self.cache.block_size, width=self.max_blocks)
+            batch.ids_from = self._ahead[1].ids
+            return batch
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
         return Batch.build(parts, self.cache.block_size, width=self.max_blocks)
@@ -241,20 +265,36 @@ class ModelEngine:
     def _forward(self, batch: Batch):
         return self.model.be.run(self.model, batch, self.cache)
 
-    def _postprocess(self, scheduled, logits) -> None:
-        ready = []
-        for i, (seq, n) in enumerate(scheduled):
-            seq.n_computed += n
-            self.blocks.register(seq)
-            if seq.n_uncomputed == 0:  # its prompt (or its last token) is in: sample the next
-                ready.append((i, seq))
+    def _postprocess(self, scheduled, logits, may_hold: bool = False) -> None:
+        # Rows whose every token is in this step sample the next; the step ahead's tokens are read
+        # only once that is queued behind this step (they may end a sequence of this one).
+        ready = [(i, seq) for i, (seq, n) in enumerate(scheduled) if seq.n_uncomputed == n]
+        be, seqs = self.model.be, [s for _, s in ready]
+        if ready and len(ready) != len(scheduled):
+            logits = logits[be.to_device(np.asarray([i for i, _ in ready], np.int64))]
+        sampled = be.sample_async(logits, seqs) if ready and self.runs_ahead else None
+        if self._ahead:
+            self._settle()
+            self._flush()  # while the GPU runs this step
+        for seq, n in scheduled:
+            if seq.status is not Status.FINISHED:
+                seq.n_computed += n
+                self.blocks.register(seq)
         if not ready:
             return
-        rows = [i for i, _ in ready]
-        if len(rows) != len(scheduled):
-            logits = logits[self.model.be.to_device(np.asarray(rows, np.int64))]
-        seqs = [s for _, s in ready]
-        for seq, tok in zip(seqs, self.model.be.sample(logits, seqs)):
+        if may_hold and sampled is not None and self._may_hold(scheduled, seqs):
+            for seq in seqs:
+                seq.ahead = 1
+            self._ahead = (seqs, sampled)
+            self.steps_ahead += 1
+            return
+        self._add_tokens(seqs, sampled.tokens() if sampled is not None else be.sample(logits, seqs))
+
+    def _add_tokens(self, seqs, tokens) -> None:
+        for seq, tok in zip(seqs, tokens):
+            seq.ahead = 0
+            if seq.status is Status.FINISHED:  # ended by a step ahead's token: this row is thrown away
+                continue
             seq.add_token(int(tok))
             self._unsent.append(seq)
             # A first token goes out at once, ahead of the sequence's bookkeeping: its time to first
@@ -266,6 +306,48 @@ class ModelEngine:
                 self._end(seq)
                 if first:
                     seq.flush()
+
+    # ---- decode run ahead (the module's doc) ---------------------------------------------------
+    def _may_hold(self, scheduled, seqs) -> bool:
+        """Whether this step's tokens may wait on the device for the next step: every row a decode
+        of a running sequence that has sent a token already (a first token goes out at once),
+        and none whose next token ends it by length."""
+        return len(seqs) == len(scheduled) and all(
+            n == 1 and s.n_generated and s.status is Status.RUNNING and not s.last_token_due()
+            for s, n in scheduled)
+
+    def _ahead_holds(self) -> bool:
+        """Whether the next step is the step ahead's sequences again, one token each, as it was
+        launched for: nothing new waits, none was ended or stopped, their blocks can grow."""
+        seqs = self._ahead[0]
+        return not self.scheduler.waiting and self.scheduler.running == seqs and \
+            not any(s.stopped() for s in seqs) and sum(self.blocks.needed(s, 1) for s in seqs) <= len(self.blocks.free)
+
+    def _settle(self) -> None:
+        """The step ahead's tokens read and taken (its sequences that ended since skip theirs)."""
+        (seqs, sampled), self._ahead = self._ahead, None
+        try:
+            tokens = sampled.tokens()
+        except Exception as e:  # noqa: BLE001 - the sampler refused a row: those sequences fail
+            log.exception("model %s: sampling a step ahead of %d sequences failed", self.name, len(seqs))
+            for seq in seqs:
+                seq.ahead = 0
+                if seq.status is not Status.FINISHED:
+                    self._end(seq, error=e)
+            return
+        self._add_tokens(seqs, tokens)
+
+    def _drop_ahead(self) -> None:
+        """A step failed: the step ahead's tokens are waited for (its host buffer is written until
+        then) and dropped; its sequences are that step's and fail with it."""
+        if self._ahead:
+            (seqs, sampled), self._ahead = self._ahead, None
+            for seq in seqs:
+                seq.ahead = 0
+            try:
+                sampled.tokens()
+            except Exception:  # noqa: BLE001 - already failing
+                pass
 
     def _end_stopped(self) -> None:
         stopped = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]

@@ -33,6 +33,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of the leading full blocks
         self.n_computed = 0  # tokens whose K and V are in the cache
+        self.ahead = 0  # 1 while its last sampled token is on the device only (engine.py: a step run ahead)
         self.n_cached = 0  # of the prompt, tokens a prefix-cache hit spared (the latest admission's)
         self.n_hashed = 0  # leading full blocks registered in the prefix cache
         self.finish_reason: str | None = None
@@ -59,7 +60,7 @@ class Sequence:
     @property
     def n_uncomputed(self) -> int:
         """Tokens still to be run through the model: the prompt's rest, or the one sampled last."""
-        return len(self.tokens) - self.n_computed
+        return len(self.tokens) + self.ahead - self.n_computed
 
     def flush(self) -> None:
         """Hand this step's events to the client's side (each put may wake its thread)."""
@@ -69,6 +70,10 @@ class Sequence:
 
     def stopped(self) -> bool:
         return self.cancelled.is_set() or (self.gone is not None and self.gone.is_set())
+
+    def last_token_due(self) -> bool:
+        """Whether the next token it samples ends it whatever its value (its length or context)."""
+        return self.n_generated + 1 >= self.params.max_tokens or len(self.tokens) + 1 > self.ctx
 
     def add_token(self, tok: int) -> None:
         """Append a sampled token, stream its text, and end the sequence where that is due."""
