@@ -275,6 +275,7 @@ class ModelEngine:
         sampled = be.sample_async(logits, seqs) if ready and self.runs_ahead else None
         if self._ahead:
             self._settle()
+            self._publish()  # a sequence it ended leaves the counts before its client hears the end
             self._flush()  # while the GPU runs this step
         for seq, n in scheduled:
             if seq.status is not Status.FINISHED:

@@ -3,6 +3,7 @@ pass is launched), run on the CPU backend told it launches asynchronously: every
 arrives, and a sequence's first token does not wait for the next pass."""
 from __future__ import annotations
 
+import queue
 import threading
 
 from minferd.backend.cpu import CpuBackend, HostMemory
@@ -74,10 +75,17 @@ def test_a_one_token_request_gets_its_token_before_its_bookkeeping_then_its_end(
     from dataclasses import replace
     lm = overlapping_host().load("m", synth_model("qwen2"), LoadOptions(ctx=64))
     seq = Sequence(prompts(lm.model.spec.n_vocab, [6])[0], replace(GREEDY, max_tokens=1), 64, lm.ws.tokenizer)
-    finish, queued_at_finish = lm.worker.scheduler.finish, []
+    finish, queued_at_finish, put = lm.worker.scheduler.finish, [], []
+
+    class Recorded(queue.SimpleQueue):  # what was handed to the client, whether or not it took it yet
+        def put(self, item, *a, **kw):
+            put.append(item)
+            super().put(item, *a, **kw)
+
+    seq.events = Recorded()
 
     def finish_seen(s):
-        queued_at_finish.append(s.events.qsize())
+        queued_at_finish.append(len(put))
         return finish(s)
 
     lm.worker.scheduler.finish = finish_seen
