@@ -14,12 +14,7 @@ where the backend allows it on any thread (a replay of graphs captured already: 
 `runs_anywhere`), so a short prompt's first token comes with no thread hand-off either way (on
 the H200's VM each woke a sleeping thread, ~0.1 ms); the engine's thread takes the rest.
 
-Decode runs a step ahead where the backend allows (backend `runs_ahead`): once every sequence of
-a step is decoding, the next step is launched with its token ids read on the device from this
-step's sampler, and only then are this step's tokens read and sent, so the GPU does not wait on
-the host between tokens. A sequence whose token ends it (an end-of-generation id, a stop string)
-is found a step late and that step's row is thrown away; one that ends by its length is not run
-ahead. New work, a stopped client or a job settles the step ahead first.
+Decode runs a step ahead where the backend allows it (backend `runs_ahead`; run_ahead.py).
 """
 from __future__ import annotations
 
@@ -32,6 +27,7 @@ import numpy as np
 from minferd.backend.batch import Batch
 from minferd.config import valve
 from minferd.engine.blocks import BlockManager
+from minferd.engine.run_ahead import AheadStep, holds, may_hold
 from minferd.engine.scheduler import Scheduler
 from minferd.engine.sequence import Sequence, Status
 from minferd.errors import Aborted, NotFound
@@ -72,7 +68,7 @@ class ModelEngine:
         if ahead not in (None, "0", "1"):
             raise ValueError(f"MINFERD_RUN_AHEAD must be 0 or 1, got {ahead[:20]!r}")
         self.runs_ahead = bool(model.be.runs_ahead) if ahead is None else ahead == "1"
-        self._ahead = None  # (sequences, Sampled) of a decode step launched whose tokens are not read yet
+        self._ahead: AheadStep | None = None
         self._publish()
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
         self._thread.start()
@@ -224,7 +220,7 @@ class ModelEngine:
     def step(self, here: bool = False) -> None:
         """One pass of what the scheduler picks. here: on a caller's thread, which runs it only
         where the backend can there (else it stays scheduled, and the engine's thread runs it)."""
-        if self._ahead and not self._ahead_holds():
+        if self._ahead and not holds(self._ahead, self.scheduler, self.blocks):
             self._settle()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -236,7 +232,7 @@ class ModelEngine:
             logits = self._forward(batch)
             if self._overlap:
                 self._flush()  # the previous step's tokens, while this one computes
-            self._postprocess(scheduled, logits, may_hold=not here)
+            self._postprocess(scheduled, logits, may_run_ahead=not here)
         except Exception as e:  # one bad pass fails the sequences in it, not the model
             log.exception("model %s: a step of %d sequences failed", self.name, len(scheduled))
             self._drop_ahead()
@@ -253,10 +249,10 @@ class ModelEngine:
         self._unsent.clear()
 
     def _batch(self, scheduled) -> Batch:
-        if self._ahead:  # the step ahead's sequences again (_ahead_holds): their ids on the device
+        if self._ahead:  # the step ahead's sequences again (run_ahead.holds): their ids on the device
             batch = Batch.build([([0], seq.n_computed, seq.block_table) for seq, _ in scheduled],
                                 self.cache.block_size, width=self.max_blocks)
-            batch.ids_from = self._ahead[1].ids
+            batch.ids_from = self._ahead.sampled.ids
             return batch
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
@@ -265,7 +261,7 @@ class ModelEngine:
     def _forward(self, batch: Batch):
         return self.model.be.run(self.model, batch, self.cache)
 
-    def _postprocess(self, scheduled, logits, may_hold: bool = False) -> None:
+    def _postprocess(self, scheduled, logits, may_run_ahead: bool = False) -> None:
         # Rows whose every token is in this step sample the next; the step ahead's tokens are read
         # only once that is queued behind this step (they may end a sequence of this one).
         ready = [(i, seq) for i, (seq, n) in enumerate(scheduled) if seq.n_uncomputed == n]
@@ -283,10 +279,10 @@ class ModelEngine:
                 self.blocks.register(seq)
         if not ready:
             return
-        if may_hold and sampled is not None and self._may_hold(scheduled, seqs):
+        if may_run_ahead and sampled is not None and may_hold(scheduled, seqs):
             for seq in seqs:
                 seq.ahead = 1
-            self._ahead = (seqs, sampled)
+            self._ahead = AheadStep(seqs, sampled)
             self.steps_ahead += 1
             return
         self._add_tokens(seqs, sampled.tokens() if sampled is not None else be.sample(logits, seqs))
@@ -308,45 +304,29 @@ class ModelEngine:
                 if first:
                     seq.flush()
 
-    # ---- decode run ahead (the module's doc) ---------------------------------------------------
-    def _may_hold(self, scheduled, seqs) -> bool:
-        """Whether this step's tokens may wait on the device for the next step: every row a decode
-        of a running sequence that has sent a token already (a first token goes out at once),
-        and none whose next token ends it by length."""
-        return len(seqs) == len(scheduled) and all(
-            n == 1 and s.n_generated and s.status is Status.RUNNING and not s.last_token_due()
-            for s, n in scheduled)
-
-    def _ahead_holds(self) -> bool:
-        """Whether the next step is the step ahead's sequences again, one token each, as it was
-        launched for: nothing new waits, none was ended or stopped, their blocks can grow."""
-        seqs = self._ahead[0]
-        return not self.scheduler.waiting and self.scheduler.running == seqs and \
-            not any(s.stopped() for s in seqs) and sum(self.blocks.needed(s, 1) for s in seqs) <= len(self.blocks.free)
-
+    # ---- decode run ahead (run_ahead.py) -----------------------------------------------------
     def _settle(self) -> None:
         """The step ahead's tokens read and taken (its sequences that ended since skip theirs)."""
-        (seqs, sampled), self._ahead = self._ahead, None
+        step, self._ahead = self._ahead, None
         try:
-            tokens = sampled.tokens()
+            tokens = step.sampled.tokens()
         except Exception as e:  # noqa: BLE001 - the sampler refused a row: those sequences fail
-            log.exception("model %s: sampling a step ahead of %d sequences failed", self.name, len(seqs))
-            for seq in seqs:
-                seq.ahead = 0
+            log.exception("model %s: sampling a step ahead of %d sequences failed", self.name, len(step.seqs))
+            tokens = [None] * len(step.seqs)
+            for seq in step.seqs:
                 if seq.status is not Status.FINISHED:
                     self._end(seq, error=e)
-            return
-        self._add_tokens(seqs, tokens)
+        self._add_tokens(step.seqs, tokens)
 
     def _drop_ahead(self) -> None:
         """A step failed: the step ahead's tokens are waited for (its host buffer is written until
         then) and dropped; its sequences are that step's and fail with it."""
-        if self._ahead:
-            (seqs, sampled), self._ahead = self._ahead, None
-            for seq in seqs:
+        step, self._ahead = self._ahead, None
+        if step:
+            for seq in step.seqs:
                 seq.ahead = 0
             try:
-                sampled.tokens()
+                step.sampled.tokens()
             except Exception:  # noqa: BLE001 - already failing
                 pass
 
