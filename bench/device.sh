@@ -40,7 +40,7 @@
 #            AB="MINFERD_DEVICE_MOE=0 MINFERD_DEVICE_MOE=1" benches once per setting; LLAMA=0 skips llama.cpp;
 #            WHILE_BUILD="cmd" runs cmd while llama.cpp builds (its output in moe-plan.log)
 #   serve    tests/cuda, decode at depth and N concurrent clients through a real daemon (bench/serve.py),
-#            beside llama-bench -d and llama-batched-bench on the same file (carry .llama)
+#            beside llama-bench -d and llama-batched-bench on the same file (carry .llama); AB: serve.py per setting
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
@@ -323,8 +323,13 @@ if [ "$stage" = serve ]; then
   wait $build; built=$?
   python3 bench/bench.py /tmp/q7b.gguf --device cuda --paths ${PATHS:-w16,mmq} -p 512 -n 128 -d 0,4096,16384 -r 3 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -8
-  timeout 300 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients ${CLIENTS:-1,4,16,64} --prompt-tokens 512 \
-    --gen-tokens 128 --shared-prefix 2000 --json "$OUT/serve.json" 2>&1 | tee "$OUT/serve.log" | tail -20
+  # AB="MINFERD_RUN_AHEAD=0 default": serve.py once per setting (VAR=v+VAR2=w: both)
+  for v in ${AB:-default}; do
+    set_=""; tag=""; [ "$v" = default ] || { set_=${v//+/ }; tag="-${v//[=\/,+]/}"; }
+    echo "# $v" | tee -a "$OUT/serve.log"
+    env $set_ timeout 300 python3 bench/serve.py /tmp/q7b.gguf --device cuda --clients ${CLIENTS:-1,4,16,64} --prompt-tokens 512 \
+      --gen-tokens 128 --shared-prefix 2000 --json "$OUT/serve$tag.json" 2>&1 | tee -a "$OUT/serve.log" | tail -20
+  done
   if [ $built = 0 ]; then
     L=/tmp/llama/build/bin
     $L/llama-bench -m /tmp/q7b.gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,4096,16384 -r 3 2>&1 | tee "$OUT/llama-bench.log" | tail -6
