@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,15 +79,12 @@ def allocate_all(mem, kind: str, shapes, dtype) -> list:
     return made
 
 
+@dataclass(frozen=True, slots=True)
 class Sampled:
     """A step's sampled token ids: `ids` where the next step may read them (the device), and
     tokens() on the host once they are there (it waits for them)."""
-
-    def __init__(self, ids, tokens):
-        self.ids, self._tokens = ids, tokens
-
-    def tokens(self) -> list[int]:
-        return self._tokens() if callable(self._tokens) else self._tokens
+    ids: object
+    tokens: Callable[[], list[int]]
 
 
 def reads_history(seq) -> bool:
@@ -157,8 +155,8 @@ class Backend(ABC):
         does; None where it cannot (a sampler that reads the tokens so far)."""
         if any(reads_history(s) for s in seqs):
             return None
-        ids = np.asarray(self.sample(logits, seqs), np.int32)
-        return Sampled(ids, ids.tolist())
+        tokens = self.sample(logits, seqs)
+        return Sampled(np.asarray(tokens, np.int32), lambda: tokens)
 
     # ---- memory --------------------------------------------------------------------------
     @abstractmethod

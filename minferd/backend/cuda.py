@@ -304,7 +304,7 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         """On the device, only the ids back, where the kernel covers every row (cuda_sample.py)."""
         if all(cuda_sample.on_device(s) for s in seqs):
             with self.scope():
-                return cuda_sample.sample_on_device(logits, seqs, self.stream)
+                return cuda_sample.sample_on_device(logits, seqs, self.stream).tokens()
         return super().sample(logits, seqs)
 
     # The GPU idled between tokens while the host read one and launched the next (s32, H100,
@@ -316,4 +316,4 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         if not all(cuda_sample.on_device(s) and not reads_history(s) for s in seqs):
             return None
         with self.scope():
-            return cuda_sample.sample_ahead(logits, seqs, self.stream)
+            return cuda_sample.sample_on_device(logits, seqs, self.stream)

@@ -8,8 +8,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from minferd.backend.base import Sampled
-
+from minferd.backend.base import Sampled, reads_history
 from minferd.kernels.sample import MAX_TOP_K, argmax, sample
 
 MAX_WINDOW = 1024  # penalty ids per row the device takes; a longer repeat_last_n = -1 window goes to the host
@@ -17,7 +16,7 @@ MAX_WINDOW = 1024  # penalty ids per row the device takes; a longer repeat_last_
 
 def _window(seq) -> list[int]:
     p = seq.params
-    if p.repeat_penalty == 1.0 or p.repeat_last_n == 0:
+    if not reads_history(seq):
         return []
     return seq.tokens if p.repeat_last_n == -1 else seq.tokens[-p.repeat_last_n:]
 
@@ -27,16 +26,10 @@ def on_device(seq) -> bool:
     return (p.temperature == 0 or 0 < p.top_k <= MAX_TOP_K) and len(_window(seq)) <= MAX_WINDOW
 
 
-def sample_on_device(logits, seqs, stream) -> list[int]:
-    """Token ids of logits' rows (B, vocab), one per sequence; every seq must be on_device."""
-    with stream:
-        ids = cp.asnumpy(launch(logits, seqs, stream), stream=stream).tolist()
-    return checked(ids)
-
-
-def sample_ahead(logits, seqs, stream) -> Sampled:
-    """The same, left on the device for a step run ahead to read, and copied to pinned host
-    memory behind it; tokens() waits for that copy alone."""
+def sample_on_device(logits, seqs, stream) -> Sampled:
+    """Token ids of logits' rows (B, vocab), one per sequence (every seq must be on_device): left
+    on the device for a step run ahead to read, and copied to pinned host memory behind them;
+    tokens() waits for that copy alone."""
     with stream:
         out = launch(logits, seqs, stream)
         host = cupyx.empty_pinned(out.shape, np.int32)

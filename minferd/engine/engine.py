@@ -27,7 +27,8 @@ import numpy as np
 from minferd.backend.batch import Batch
 from minferd.config import valve
 from minferd.engine.blocks import BlockManager
-from minferd.engine.run_ahead import AheadStep, holds, may_hold
+from minferd.engine import run_ahead
+from minferd.engine.run_ahead import AheadStep
 from minferd.engine.scheduler import Scheduler
 from minferd.engine.sequence import Sequence, Status
 from minferd.errors import Aborted, NotFound
@@ -64,10 +65,7 @@ class ModelEngine:
         # Where launches return before the work is done (CUDA), a step's tokens go out while the
         # next step runs on the device: waking 64 clients' threads costs the GIL milliseconds.
         self._overlap = bool(getattr(model.be, "launches_async", False))
-        ahead = valve("MINFERD_RUN_AHEAD")
-        if ahead not in (None, "0", "1"):
-            raise ValueError(f"MINFERD_RUN_AHEAD must be 0 or 1, got {ahead[:20]!r}")
-        self.runs_ahead = bool(model.be.runs_ahead) if ahead is None else ahead == "1"
+        self.runs_ahead = run_ahead.enabled(model.be)
         self._ahead: AheadStep | None = None
         self._publish()
         self._thread = threading.Thread(target=self._run, name=f"minferd-model-{name}", daemon=True)
@@ -220,7 +218,7 @@ class ModelEngine:
     def step(self, here: bool = False) -> None:
         """One pass of what the scheduler picks. here: on a caller's thread, which runs it only
         where the backend can there (else it stays scheduled, and the engine's thread runs it)."""
-        if self._ahead and not holds(self._ahead, self.scheduler, self.blocks):
+        if self._ahead and not run_ahead.holds(self._ahead, self.scheduler, self.blocks):
             self._settle()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -235,7 +233,9 @@ class ModelEngine:
             self._postprocess(scheduled, logits, may_run_ahead=not here)
         except Exception as e:  # one bad pass fails the sequences in it, not the model
             log.exception("model %s: a step of %d sequences failed", self.name, len(scheduled))
-            self._drop_ahead()
+            if self._ahead:  # its sequences are this step's, and fail with it
+                step, self._ahead = self._ahead, None
+                step.discard()
             for seq, _ in scheduled:
                 if seq in self._live:  # not ended already (by a step ahead's token)
                     self._end(seq, error=e)
@@ -249,11 +249,8 @@ class ModelEngine:
         self._unsent.clear()
 
     def _batch(self, scheduled) -> Batch:
-        if self._ahead:  # the step ahead's sequences again (run_ahead.holds): their ids on the device
-            batch = Batch.build([([0], seq.n_computed, seq.block_table) for seq, _ in scheduled],
-                                self.cache.block_size, width=self.max_blocks)
-            batch.ids_from = self._ahead.sampled.ids
-            return batch
+        if self._ahead:  # the step ahead's sequences again (run_ahead.holds)
+            return self._ahead.next_batch(self.cache.block_size, self.max_blocks)
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
         return Batch.build(parts, self.cache.block_size, width=self.max_blocks)
@@ -279,7 +276,7 @@ class ModelEngine:
                 self.blocks.register(seq)
         if not ready:
             return
-        if may_run_ahead and sampled is not None and may_hold(scheduled, seqs):
+        if may_run_ahead and sampled is not None and run_ahead.may_hold(scheduled, seqs):
             for seq in seqs:
                 seq.ahead = 1
             self._ahead = AheadStep(seqs, sampled)
@@ -317,18 +314,6 @@ class ModelEngine:
                 if seq.status is not Status.FINISHED:
                     self._end(seq, error=e)
         self._add_tokens(step.seqs, tokens)
-
-    def _drop_ahead(self) -> None:
-        """A step failed: the step ahead's tokens are waited for (its host buffer is written until
-        then) and dropped; its sequences are that step's and fail with it."""
-        step, self._ahead = self._ahead, None
-        if step:
-            for seq in step.seqs:
-                seq.ahead = 0
-            try:
-                step.sampled.tokens()
-            except Exception:  # noqa: BLE001 - already failing
-                pass
 
     def _end_stopped(self) -> None:
         stopped = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.stopped()]

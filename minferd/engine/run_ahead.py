@@ -13,7 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minferd.backend.base import Sampled
+from minferd.backend.batch import Batch
+from minferd.config import valve
 from minferd.engine.sequence import Status
+
+
+def enabled(be) -> bool:
+    """MINFERD_RUN_AHEAD (0 or 1) where set, else whether the backend gains by it."""
+    ahead = valve("MINFERD_RUN_AHEAD")
+    if ahead not in (None, "0", "1"):
+        raise ValueError(f"MINFERD_RUN_AHEAD must be 0 or 1, got {ahead[:20]!r}")
+    return bool(be.runs_ahead) if ahead is None else ahead == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +32,21 @@ class AheadStep:
     order, and their sampled ids (on the device, and on their way to the host)."""
     seqs: list
     sampled: Sampled
+
+    def next_batch(self, block_size: int, width: int) -> Batch:
+        """The step after it (where `holds`): the same sequences, their ids read on the device."""
+        batch = Batch.build([([0], s.n_computed, s.block_table) for s in self.seqs], block_size, width=width)
+        batch.ids_from = self.sampled.ids
+        return batch
+
+    def discard(self) -> None:
+        """Its tokens waited for (its host buffer is written until then) and dropped: a step failed."""
+        for s in self.seqs:
+            s.ahead = 0
+        try:
+            self.sampled.tokens()
+        except Exception:  # noqa: BLE001 - already failing
+            pass
 
 
 def may_hold(scheduled, seqs) -> bool:
