@@ -10,6 +10,7 @@
 #            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
+#   xplanes  the same with MINFERD_X_PLANES=1 (one int8 plane of x) beside the default two
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
 #   verify   tests/cuda, then the bench (w16, mmq) beside llama-bench on the same file (carry .llama)
@@ -168,6 +169,16 @@ if [ "$stage" = matvec ]; then
   # NS=1,2: the column counts timed (and swept: mmvq.sweep_configs).
   python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} --no-dequant ${SWEEP:+--sweep} ${UNITS16:+--units16} \
     --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
+fi
+if [ "$stage" = xplanes ]; then
+  # MINFERD_X_PLANES=1 (the decode mat-vecs read one int8 plane of x) against the default two: the
+  # mat-vec alone at the 7B's and the 0.5B's shapes, each setting's kernels compiled first (SWEEP=1:
+  # every kernel shape under each setting too).
+  MINFERD_X_PLANES=1 python3 -m minferd.cli warmup --device cuda 2>&1 | tail -2 | tee "$OUT/warm-x1.log"
+  for v in 2 1; do
+    MINFERD_X_PLANES=$v python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} \
+      --no-dequant ${SWEEP:+--sweep} --json "$OUT/matvec-x$v.json" 2>&1 | tee "$OUT/matvec-x$v.log" | tail -14
+  done
 fi
 if [ "$stage" = verify ]; then
   # A session's whole check in one call: llama.cpp builds in the background (carry .llama, made by

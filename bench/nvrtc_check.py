@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minferd.kernels import DIR, parts  # noqa: E402
+from minferd.kernels import DIR, parts, valve_defines  # noqa: E402
 from minferd.kernels.precompile import module_names, name_expressions  # noqa: E402
 
 
@@ -53,6 +53,7 @@ def compile_program(lib, path: Path, exprs=(), opts=(), include: Path = DIR) -> 
     # wheel's, or a local toolkit's.
     heads = [p for s in sys.path for p in glob.glob(f"{s}/nvidia/cu13/include") if os.path.exists(f"{p}/cuda_fp16.h")]
     inc = [f"-I{d}".encode() for d in (heads + sorted(glob.glob("/usr/local/cuda*/include")))[:1]]
+    opts = tuple(opts) + valve_defines(path.stem)  # as kernels.module() compiles it
     o = [b"-std=c++17", f"-I{include}".encode(), b"-arch=sm_90"] + inc + [x.encode() for x in opts]
     rc = lib.nvrtcCompileProgram(prog, len(o), (ctypes.c_char_p * len(o))(*o))
     n = ctypes.c_size_t()

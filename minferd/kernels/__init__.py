@@ -26,8 +26,15 @@ def module(name: str, name_expressions: tuple[str, ...] = (), options: tuple[str
     # CuPy keys its disk cache on the source text, which does not show the headers it includes:
     # their digest goes in, so a changed header can never bring back a stale cubin.
     code = f"// headers {_headers_digest()}\n#line 1 \"{path}\"\n" + path.read_text()
-    opts = ("-std=c++17", f"-I{DIR}") + tuple(options)
+    opts = ("-std=c++17", f"-I{DIR}") + tuple(options) + valve_defines(name)
     return cupy.RawModule(code=code, options=opts, name_expressions=name_expressions or None)
+
+
+def valve_defines(name: str) -> tuple[str, ...]:
+    """Compile options a module takes from the environment (CuPy keys its disk cache on them too).
+    MINFERD_X_PLANES=1: the decode mat-vecs read x's first int8 plane only (mmvq_units.cuh's comb)."""
+    from minferd.config import valve
+    return ("-DMINFERD_X_ONE_PLANE",) if name == "mmvq" and valve("MINFERD_X_PLANES") == "1" else ()
 
 
 @functools.lru_cache(maxsize=None)

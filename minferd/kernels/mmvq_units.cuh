@@ -66,7 +66,13 @@ __device__ __forceinline__ int dot4(const u32* q, int4 x, int acc) {
 __device__ __forceinline__ int dot2(u32 q0, u32 q1, int2 x) { return __dp4a((int)q0, x.x, __dp4a((int)q1, x.y, 0)); }
 
 // x = d * (q_hi + q_lo / 254): the two int8 sums of one weight slice, as the f32 sum in units of d.
+// MINFERD_X_ONE_PLANE (the MINFERD_X_PLANES=1 valve): x = d * q_hi alone, llama.cpp's q8_1
+// precision; the lo plane's loads and dp4a chains are then dead code, which the compiler drops.
+#ifdef MINFERD_X_ONE_PLANE
+__device__ __forceinline__ float comb(int s_hi, int) { return i2f(s_hi); }
+#else
 __device__ __forceinline__ float comb(int s_hi, int s_lo) { return fmaf(i2f(s_lo), 1.0f / 254.0f, i2f(s_hi)); }
+#endif
 
 // x of one unit, loaded once per column and used for all R rows of the warp (the compiler
 // does not merge the same loads across rows by itself, and x is most of the L1 traffic).
