@@ -34,7 +34,10 @@ def valve_defines(name: str) -> tuple[str, ...]:
     """Compile options a module takes from the environment (CuPy keys its disk cache on them too).
     MINFERD_X_PLANES=1: the decode mat-vecs read x's first int8 plane only (mmvq_units.cuh's comb)."""
     from minferd.config import valve
-    return ("-DMINFERD_X_ONE_PLANE",) if name == "mmvq" and valve("MINFERD_X_PLANES") == "1" else ()
+    planes = valve("MINFERD_X_PLANES") or "2"
+    if planes not in ("1", "2"):
+        raise ValueError(f"MINFERD_X_PLANES={planes[:20]!r}: 1 or 2 (planes of x the decode mat-vecs read)")
+    return ("-DMINFERD_X_ONE_PLANE",) if name == "mmvq" and planes == "1" else ()
 
 
 @functools.lru_cache(maxsize=None)

@@ -97,3 +97,17 @@ def test_mmvq_ids_shapes_from_a_sweeps_file_and_a_bad_one_refused(tmp_path, monk
     finally:
         monkeypatch.delenv("MINFERD_IDS_CONFIGS")
         mmvq_ids._overrides.cache_clear()
+
+
+def test_the_x_planes_valve_defines_one_plane_for_the_mat_vec_module_alone(monkeypatch):
+    from minferd.kernels import valve_defines
+    monkeypatch.delenv("MINFERD_X_PLANES", raising=False)
+    assert valve_defines("mmvq") == ()
+    monkeypatch.setenv("MINFERD_X_PLANES", "1")
+    assert valve_defines("mmvq") == ("-DMINFERD_X_ONE_PLANE",)
+    assert valve_defines("tcgemv") == ()
+    monkeypatch.setenv("MINFERD_X_PLANES", "2")
+    assert valve_defines("mmvq") == ()
+    monkeypatch.setenv("MINFERD_X_PLANES", "one" * 20)
+    with pytest.raises(ValueError, match="MINFERD_X_PLANES='oneone"):
+        valve_defines("mmvq")
