@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the carried wheels, then the stages asked for. Logs to $OUT.
-#   [TESTS="tests/cuda/test_x.py ..."] bench/device.sh [tests|bench|profile|kernels|all] [extra bench.py args]
+#   [TESTS='tests/cuda/test_x.py -k "a or b" ...'] bench/device.sh [tests|bench|profile|kernels|all] [extra bench.py args]
 #   tests    tests/cuda (or $TESTS)
 #   bench    the synthetic Qwen2.5-7B-shaped Q4_K_M file (llama.cpp's type mix, random blocks),
 #            every prefill path side by side, and each no-copy kernel alone (bench/bench.py)
@@ -94,7 +94,10 @@ SERIAL="tests/cuda/test_engine_cuda.py tests/cuda/test_foreign_memory.py tests/c
 cuda_tests() {
   local args="-q -p no:cacheprovider --durations=8 -rfE --tb=short"
   if [ -n "${TESTS:-}" ]; then
-    timeout -s INT "$1" python3 -m pytest $args $TESTS 2>&1 | tee "$OUT/cuda.log" | tail -25; return
+    # Shell words, quotes kept: TESTS='tests/cuda/test_x.py -k "a or b"' (s34: split on spaces, the
+    # -k ran nothing)
+    local targs; eval "targs=($TESTS)"
+    timeout -s INT "$1" python3 -m pytest $args "${targs[@]}" 2>&1 | tee "$OUT/cuda.log" | tail -25; return
   fi
   local par=() xd=""
   for f in tests/cuda/test_*.py; do case " $SERIAL " in *" $f "*) ;; *) par+=("$f");; esac; done
