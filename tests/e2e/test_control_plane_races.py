@@ -3,6 +3,7 @@ dies of a keep-alive race, and never stalls its status behind an unload of a str
 a large load. Each test starts its own daemon and collects every problem before failing."""
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -141,6 +142,13 @@ def test_unload_of_a_streaming_model_stalls_nothing(start):
     assert not problems, "\n".join(problems + ["seen: " + "; ".join(seen), f"stream: {end}"])
 
 
+# A load's GetStatus p99 alone on 2 cores sits far under 200 ms; beside another pytest worker
+# (pytest -n 2) 206 ms was seen once (session 28, tests/e2e under -n 2), where before the redesign every call
+# waited out the whole load (2.4-3.2 s): 400 ms there still tells a stall, as in test_chaos.
+ALONE = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1
+LOAD_STATUS_P99 = 0.2 if ALONE else 0.4
+
+
 def _percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
@@ -188,5 +196,5 @@ def test_status_answers_while_a_large_file_loads(start, big_model):
     # (tokenizers.models.BPE, in Rust) holds the GIL in one stretch, 0.25 s for this 152k-token
     # vocabulary on a quiet machine and 1.8 s beside other test workers, which one call waits
     # out. Before the redesign every call waited out the whole load.
-    assert _percentile(lat, 0.99) <= 0.2 and max(lat) < max(1.0, 0.5 * load_s), summary
+    assert _percentile(lat, 0.99) <= LOAD_STATUS_P99 and max(lat) < max(1.0, 0.5 * load_s), summary
     assert len(lat) >= 10, summary  # the load took long enough for the check to mean something
