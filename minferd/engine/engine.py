@@ -227,7 +227,7 @@ class ModelEngine:
             batch = self._batch(scheduled)
             if here and not self.model.be.runs_anywhere(self.model, batch, self.cache):
                 return
-            logits = self._forward(batch)
+            logits = self.model.be.run(self.model, batch, self.cache)
             if self._overlap:
                 self._flush()  # the previous step's tokens, while this one computes
             self._postprocess(scheduled, logits, may_run_ahead=not here)
@@ -254,9 +254,6 @@ class ModelEngine:
         parts = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.block_table)
                  for seq, n in scheduled]
         return Batch.build(parts, self.cache.block_size, width=self.max_blocks)
-
-    def _forward(self, batch: Batch):
-        return self.model.be.run(self.model, batch, self.cache)
 
     def _postprocess(self, scheduled, logits, may_run_ahead: bool = False) -> None:
         # Rows whose every token is in this step sample the next; the step ahead's tokens are read
@@ -305,14 +302,12 @@ class ModelEngine:
     def _settle(self) -> None:
         """The step ahead's tokens read and taken (its sequences that ended since skip theirs)."""
         step, self._ahead = self._ahead, None
-        try:
-            tokens = step.sampled.tokens()
-        except Exception as e:  # noqa: BLE001 - the sampler refused a row: those sequences fail
-            log.exception("model %s: sampling a step ahead of %d sequences failed", self.name, len(step.seqs))
-            tokens = [None] * len(step.seqs)
+        tokens, error = step.read()
+        if error is not None:  # the sampler refused a row: those sequences fail
+            log.error("model %s: sampling a step ahead of %d sequences failed", self.name, len(step.seqs), exc_info=error)
             for seq in step.seqs:
                 if seq.status is not Status.FINISHED:
-                    self._end(seq, error=e)
+                    self._end(seq, error=error)
         self._add_tokens(step.seqs, tokens)
 
     def _end_stopped(self) -> None:

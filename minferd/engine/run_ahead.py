@@ -39,6 +39,13 @@ class AheadStep:
         batch.ids_from = self.sampled.ids
         return batch
 
+    def read(self) -> tuple[list, Exception | None]:
+        """Its tokens, or a None a row and the error where the sampler refused one."""
+        try:
+            return self.sampled.tokens(), None
+        except Exception as e:  # noqa: BLE001 - the caller fails the step's sequences with it
+            return [None] * len(self.seqs), e
+
     def discard(self) -> None:
         """Its tokens waited for (its host buffer is written until then) and dropped: a step failed."""
         for s in self.seqs:

@@ -15,6 +15,8 @@ import functools
 import hashlib
 from pathlib import Path
 
+from minferd.config import valve
+
 DIR = Path(__file__).resolve().parent
 
 
@@ -33,7 +35,6 @@ def module(name: str, name_expressions: tuple[str, ...] = (), options: tuple[str
 def valve_defines(name: str) -> tuple[str, ...]:
     """Compile options a module takes from the environment (CuPy keys its disk cache on them too).
     MINFERD_X_PLANES=1: the decode mat-vecs read x's first int8 plane only (mmvq_units.cuh's comb)."""
-    from minferd.config import valve
     planes = valve("MINFERD_X_PLANES") or "2"
     if planes not in ("1", "2"):
         raise ValueError(f"MINFERD_X_PLANES={planes[:20]!r}: 1 or 2 (planes of x the decode mat-vecs read)")

@@ -22,7 +22,7 @@ import pytest
 from minferd._proto import pb2
 from minferd.model.synth import write_model
 from tests.e2e.chaos_driver import FILES, OP_TIMEOUT, C, Chaos
-from tests.e2e.daemon import Daemon
+from tests.e2e.daemon import ALONE, Daemon
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,6 @@ SECONDS = float(os.environ.get("MINFERD_CHAOS_SECONDS", "60"))
 # pytest worker (pytest -n 2: half the machine is running other tests) the bar is "never stalls":
 # before the control plane was redesigned GetStatus p99 was 590-670 ms here, max 1.7 s; after it,
 # beside the rest of the suite, 264 and 295 ms were seen (sessions 12-13), so 250 failed CI by chance.
-ALONE = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1
 STATUS_P99 = 0.050 if ALONE else 0.400
 
 

@@ -3,7 +3,6 @@ dies of a keep-alive race, and never stalls its status behind an unload of a str
 a large load. Each test starts its own daemon and collects every problem before failing."""
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -37,6 +36,7 @@ from tests.e2e.control_plane import (  # noqa: F401 (fixtures)
     stub_of,
     wait_gone,
 )
+from tests.e2e.daemon import ALONE
 
 
 # ---- 1. the daemon dies ------------------------------------------------------------------------
@@ -143,9 +143,8 @@ def test_unload_of_a_streaming_model_stalls_nothing(start):
 
 
 # A load's GetStatus p99 alone on 2 cores sits far under 200 ms; beside another pytest worker
-# (pytest -n 2) 206 ms was seen once (session 28, tests/e2e under -n 2), where before the redesign every call
-# waited out the whole load (2.4-3.2 s): 400 ms there still tells a stall, as in test_chaos.
-ALONE = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1
+# 206 ms was seen once (session 28), where before the redesign every call waited out the whole
+# load (2.4-3.2 s): 400 ms there still tells a stall, as in test_chaos.
 LOAD_STATUS_P99 = 0.2 if ALONE else 0.4
 
 
