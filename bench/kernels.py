@@ -84,8 +84,10 @@ def main() -> int:
     ap.add_argument("--models", default="7b", help=f"shape sets, of {', '.join(MODEL_SHAPES)}")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-dequant", action="store_true")
-    ap.add_argument("--units16", action="store_true",
-                    help="also time the 16-position units (mmvq.UNITS16_IDS; with --sweep, every variant)")
+    ap.add_argument("--wide", action="store_true",
+                    help="also time the wide units (mmvq.WIDE_UNITS; with --sweep or --wide-sweep, every variant)")
+    ap.add_argument("--wide-sweep", action="store_true",
+                    help="--wide with every variant of the wide units, the default units' variants not swept")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -129,9 +131,9 @@ def main() -> int:
                     xbytes = n * K * 4
                 moved = wbytes + xbytes + n * rows * 4
 
-                def launches(cfg=None, units16=False):
+                def launches(cfg=None, wide=False):
                     return [lambda w=w: mv.mmvq(qt, w, x, out, scratch=scratch, x_quantized=quantized, config=cfg,
-                                                units16=units16) for w in ws]
+                                                wide=wide) for w in ws]
 
                 t = time_graph(cp, launches(), args.reps)
                 row = {"type": tname, "rows": rows, "K": K, "n": n, "us": t * 1e6, "GBps": moved / t / 1e9,
@@ -144,13 +146,13 @@ def main() -> int:
                 report["mmvq"].append(row)
                 print(f"mmvq    {tname:5s} {rows:6d}x{K:<5d} n={n} {t * 1e6:8.1f} us {row['GBps']:7.0f} GB/s "
                       f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else ""), flush=True)
-                if args.units16 and tname in mv.UNITS16_IDS:
-                    t16 = time_graph(cp, launches(units16=True), args.reps)
-                    row["units16_us"] = t16 * 1e6
-                    cfgs = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep else ()
+                if (args.wide or args.wide_sweep) and tname in mv.WIDE_UNITS:
+                    t16 = time_graph(cp, launches(wide=True), args.reps)
+                    row["wide_us"] = t16 * 1e6
+                    cfgs = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep or args.wide_sweep else ()
                     swept = {cfg: time_graph(cp, launches(cfg, True), args.reps) * 1e6 for cfg in cfgs}
-                    row["units16_sweep"] = [[list(c), us] for c, us in swept.items()]
-                    print(f"  units16 {t16 * 1e6:8.1f} us {moved / t16 / 1e9:7.0f} GB/s {100 * moved / t16 / CEILING:5.1f}%"
+                    row["wide_sweep"] = [[list(c), us] for c, us in swept.items()]
+                    print(f"  wide    {t16 * 1e6:8.1f} us {moved / t16 / 1e9:7.0f} GB/s {100 * moved / t16 / CEILING:5.1f}%"
                           + (f"  | best {min(swept, key=swept.get)}: {min(swept.values()):.1f} us" if swept else ""), flush=True)
                 sweep = mv.sweep_configs(n) if args.sweep and quantized else ()
                 if sweep and n not in (1, mv.MAX_COLS):  # outside add_sweep's module: one each, 8 compiling at once

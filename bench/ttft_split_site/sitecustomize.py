@@ -69,7 +69,7 @@ def _install():
         wrap(server.MinferdServicer, "_prepare_model", "prepare")
         wrap(server.MinferdServicer, "_stream", "stream", generator=True)
         wrap(engine.ModelEngine, "step", "step")
-        wrap(engine.ModelEngine, "_forward", "forward")
+        wrap(engine.ModelEngine, "_batch", "batch")
         wrap(engine.ModelEngine, "_postprocess", "post")
         wrap(sequence.Sequence, "flush", "flush")
         sequence.queue = types.SimpleNamespace(SimpleQueue=stamped_queue("events"))

@@ -14,14 +14,14 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
-from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, UNITS16_IDS as MMVQ_UNITS16, mmvq, mmvq_group, quantize_x
+from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x
 from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
 from minferd.kernels.tiles import gemm_tiles
 
@@ -43,14 +43,18 @@ MATVEC_ROWS = 2  # read at each call (cuda_ops too): tests set it to MMVQ_MAX_BA
 GRAPH_TILE_MIN_ROWS = 2048
 
 
-# Q6_K's one-column mat-vec in 16-position units (mmvq_units_k.cuh's UQ6_K16) up to this K: on the
-# H200 (s21 call 1) 6-8% faster at K = 3584 (the 7B's output 164.6 -> 151.5-154.8 us), 3% slower
-# at 18944. Not at 2-8 columns: its n = 8 instance spills, and was never timed.
-UNITS16_MAX_K = 4096
+# One-column mat-vecs in the type's wide unit (mmvq.WIDE_UNITS) up to this K. Q6_K in 16-position
+# units (UQ6_K16): on the H200 (s21 call 1) 6-8% faster at K = 3584 (the 7B's output 164.6 ->
+# 151.5-154.8 us), 3% slower at 18944. Q4_K in whole 32-byte runs (UQ4_KW): the pending path
+# q4k_wide, at every K until a device has timed it. Not at 2-8 columns: Q6_K's n = 8 instance
+# spills, and neither was timed there.
+WIDE_MAX_K = {"Q6_K": 4096, "Q4_K": 1 << 30}
 
 
-def _units16(qt, K: int, n: int) -> bool:
-    return qt.name in MMVQ_UNITS16 and K <= UNITS16_MAX_K and n == 1
+def _wide(qt, K: int, n: int) -> bool:
+    if qt.name == "Q4_K" and not pending.ready("q4k_wide"):
+        return False
+    return n == 1 and K <= WIDE_MAX_K.get(qt.name, 0)
 
 
 def key(x) -> tuple:
@@ -74,7 +78,7 @@ class CudaMatmuls:
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     units16=_units16(w.qtype, w.row_elems, n))
+                     wide=_wide(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
@@ -163,7 +167,7 @@ class CudaMatmuls:
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           units16=_units16(part[0][0].qtype, part[0][0].row_elems, n))
+                           wide=_wide(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
 

@@ -45,12 +45,15 @@ def bucket(n: int) -> int:
     raise ValueError(f"mmvq: batch of {n} columns, at most {MAX_COLS}")
 
 
-UNITS16_IDS = {"Q6_K": 114}  # a launch's units16: the unit of 16 positions (cuda_matmul.UNITS16_MAX_K)
+# A launch's wide unit (cuda_matmul.WIDE_MAX_K says where): more weights a lane than the type's
+# default unit, the same products summed in another order. Q6_K: 16 positions (UQ6_K16); Q4_K: a
+# whole 32-byte run, two sub-blocks (UQ4_KW).
+WIDE_UNITS = {"Q6_K": 114, "Q4_K": 112}
 
 
-def kernel_name(qt: QuantType, nc: int, cfg: Config, units16: bool = False) -> str:
+def kernel_name(qt: QuantType, nc: int, cfg: Config, wide: bool = False) -> str:
     nw, kw, r, unr = cfg
-    return f"mmvq<{UNITS16_IDS[qt.name] if units16 else qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
+    return f"mmvq<{WIDE_UNITS[qt.name] if wide else qt.ggml_id}, {nc}, {nw}, {kw}, {r}, {unr}>"
 
 
 def _float_name(qt: QuantType, nc: int, vec: int, kw: int = 1) -> str:
@@ -81,7 +84,7 @@ def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
-        if name in UNITS16_IDS:  # one column only (cuda_matmul._units16)
+        if name in WIDE_UNITS:  # one column only (cuda_matmul._wide)
             names += [kernel_name(TYPES[name], 1, cfg, True) for cfg in CONFIGS[name][1].values()]
         names += [_ids_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
     for name in FLOAT_TYPES:
@@ -187,7 +190,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, units16: bool = False) -> None:
+         bias=None, residual=None, split_k: bool = False, wide: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -195,11 +198,11 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     scratch: see the module doc; x_quantized: scratch already holds this x (quantized types);
     config: (warps, K-split warps, rows, units) override of CONFIGS (compiled by add_configs).
     split_k: float weights of at most FLOAT_SPLIT_ROWS rows (aligned, K % 8 == 0) take
-    FLOAT_SPLIT_KW warps a row. units16: see mmvq_group."""
+    FLOAT_SPLIT_KW warps a row. wide: see mmvq_group."""
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, units16=units16)
+                   biases=[bias], residual=residual, wide=wide)
         return
     _check_x(x)
     n, K = x.shape
@@ -223,16 +226,16 @@ MAX_GROUP = 3
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, units16: bool = False) -> None:
+               biases=None, residual=None, wide: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    units16: the type's 16-position unit (UNITS16_IDS), the same products summed in another order."""
+    wide: the type's wide unit (WIDE_UNITS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
-    if units16 and qt.name not in UNITS16_IDS:
-        raise ValueError(f"mmvq_group: no 16-position unit for {qt.name} (only {', '.join(UNITS16_IDS)})")
+    if wide and qt.name not in WIDE_UNITS:
+        raise ValueError(f"mmvq_group: no wide unit for {qt.name} (only {', '.join(WIDE_UNITS)})")
     if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws):
         raise ValueError(f"mmvq_group: 1..{MAX_GROUP} matrices with one output each, got {len(ws)} / {len(outs)}")
     biases = list(biases or [None] * len(ws))
@@ -272,7 +275,7 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
-        (_fn_any if units16 or config else _fn)(kernel_name(qt, nc, cfg, units16))(
+        (_fn_any if wide or config else _fn)(kernel_name(qt, nc, cfg, wide))(
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),

@@ -57,13 +57,14 @@ def test_mmvq_long_rows(name, to_device):
         assert err < TOL, f"{name} n={n} K={K}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("name", sorted(mv.UNITS16_IDS))
+@pytest.mark.parametrize("name", sorted(mv.WIDE_UNITS))
 @pytest.mark.parametrize("rows,K", [(67, 256 * 7), (512, 3584), (3584, 3584), (3584, 18944), (18944, 3584)])
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_q6k_units16_is_the_reference(name, rows, K, n, to_device):
-    """The 16-position unit (the pending path q6k_units16) in each shape class's config, the
-    tensor at an even and at an odd block (every block's alignment flips), against the f64
-    reference and within 1e-5 of the default unit: the same products summed in another order."""
+def test_wide_unit_is_the_reference(name, rows, K, n, to_device):
+    """The type's wide unit (Q6_K's 16 positions, Q4_K's whole 32-byte runs: the pending path
+    q4k_wide) in each shape class's config, the tensor at an even and at an odd block (every
+    block's alignment flips), against the f64 reference and within 1e-5 of the default unit: the
+    same products summed in another order."""
     qt = TYPES[name]
     rng = np.random.default_rng(rows + K + n)
     raw = random_blocks(qt, rows, K, rng)
@@ -71,16 +72,16 @@ def test_q6k_units16_is_the_reference(name, rows, K, n, to_device):
     ref = reference(qt, raw, x)
     for offset in (0, qt.block_bytes):
         w = to_device(raw, offset)
-        got, base = run(qt, w, x, units16=True), run(qt, w, x)
+        got, base = run(qt, w, x, wide=True), run(qt, w, x)
         assert rel_err(got, ref) < TOL, f"{name} {rows}x{K} n={n} offset={offset}"
         assert rel_err(got, cp.asnumpy(base).astype(np.float64)) < 1e-5, f"{name} {rows}x{K} n={n} offset={offset}"
 
 
-def test_units16_only_where_a_type_has_one(to_device):
-    qt = TYPES["Q4_K"]
+def test_wide_unit_only_where_a_type_has_one(to_device):
+    qt = TYPES["Q5_K"]
     raw = random_blocks(qt, 8, 256, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="no 16-position unit for Q4_K"):
-        run(qt, to_device(raw), np.ones((1, 256), np.float32), units16=True)
+    with pytest.raises(ValueError, match="no wide unit for Q5_K"):
+        run(qt, to_device(raw), np.ones((1, 256), np.float32), wide=True)
 
 
 @pytest.mark.parametrize("name", sorted(mv.FLOAT_TYPES))

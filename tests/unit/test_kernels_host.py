@@ -20,7 +20,7 @@ from gguf.constants import GGMLQuantizationType
 
 from minferd.kernels import DIR
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.mmvq import UNITS16_IDS
+from minferd.kernels.mmvq import WIDE_UNITS
 from minferd.kernels.quant import CUDA_TYPES, TYPES, row_bytes
 from minferd.kernels.quantize_ref import quantize_x_ref
 from minferd.kernels.random_blocks import random_blocks
@@ -101,8 +101,8 @@ def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
 
 
 # (type, the unit's kernel id): every quantized type's unit, and the variants behind ids of their own
-# (mmvq.UNITS16_IDS: UQ6_K16 behind T_Q6_K_U16, the pending path q6k_units16).
-UNITS = [(n, TYPES[n].ggml_id) for n in CUDA_TYPES if TYPES[n].is_quantized] + list(UNITS16_IDS.items())
+# (mmvq.WIDE_UNITS: UQ6_K16 behind T_Q6_K_U16, UQ4_KW behind T_Q4_K_W).
+UNITS = [(n, TYPES[n].ggml_id) for n in CUDA_TYPES if TYPES[n].is_quantized] + list(WIDE_UNITS.items())
 
 
 @pytest.mark.parametrize("name,unit", UNITS)
