@@ -13,6 +13,23 @@ LINE_FILES = ("backend/cuda.py", "backend/cuda_graph.py", "backend/cuda_sample.p
               "engine/engine.py", "kernels/sample.py", "kernels/launch.py")
 
 
+def targets():
+    """(class, method, stamp label, whether a generator) of every method stamped: a test checks
+    they exist (a renamed method would leave the daemon's sitecustomize failing)."""
+    import minferd.decode_guard as guard
+    import minferd.engine.engine as engine
+    import minferd.engine.sequence as sequence
+    import minferd.server as server
+    return [(guard.DecodeGuard, "intercept_service", "intercept", False),
+            (server.MinferdServicer, "Generate", "generate", True),
+            (server.MinferdServicer, "_prepare_model", "prepare", False),
+            (server.MinferdServicer, "_stream", "stream", True),
+            (engine.ModelEngine, "step", "step", False),
+            (engine.ModelEngine, "_batch", "batch", False),
+            (engine.ModelEngine, "_postprocess", "post", False),
+            (sequence.Sequence, "flush", "flush", False)]
+
+
 def _install():
     import queue
     import types
@@ -60,18 +77,10 @@ def _install():
         return Q
 
     def patch():
-        import minferd.decode_guard as guard
         import minferd.engine.engine as engine
         import minferd.engine.sequence as sequence
-        import minferd.server as server
-        wrap(guard.DecodeGuard, "intercept_service", "intercept")
-        wrap(server.MinferdServicer, "Generate", "generate", generator=True)
-        wrap(server.MinferdServicer, "_prepare_model", "prepare")
-        wrap(server.MinferdServicer, "_stream", "stream", generator=True)
-        wrap(engine.ModelEngine, "step", "step")
-        wrap(engine.ModelEngine, "_batch", "batch")
-        wrap(engine.ModelEngine, "_postprocess", "post")
-        wrap(sequence.Sequence, "flush", "flush")
+        for cls, name, label, generator in targets():
+            wrap(cls, name, label, generator)
         sequence.queue = types.SimpleNamespace(SimpleQueue=stamped_queue("events"))
         engine.queue = types.SimpleNamespace(SimpleQueue=stamped_queue("inbox"), Empty=queue.Empty)
 
