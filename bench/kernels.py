@@ -147,12 +147,12 @@ def main() -> int:
                 print(f"mmvq    {tname:5s} {rows:6d}x{K:<5d} n={n} {t * 1e6:8.1f} us {row['GBps']:7.0f} GB/s "
                       f"{row['pct']:5.1f}%" + (f"  (+qx {row['us_with_qx']:.1f} us)" if quantized else ""), flush=True)
                 if (args.wide or args.wide_sweep) and tname in mv.WIDE_UNITS:
-                    t16 = time_graph(cp, launches(wide=True), args.reps)
-                    row["wide_us"] = t16 * 1e6
+                    tw = time_graph(cp, launches(wide=True), args.reps)
+                    row["wide_us"] = tw * 1e6
                     cfgs = {1: mv.SWEEP, 8: mv.SWEEP_N}.get(n, ()) if args.sweep or args.wide_sweep else ()
                     swept = {cfg: time_graph(cp, launches(cfg, True), args.reps) * 1e6 for cfg in cfgs}
                     row["wide_sweep"] = [[list(c), us] for c, us in swept.items()]
-                    print(f"  wide    {t16 * 1e6:8.1f} us {moved / t16 / 1e9:7.0f} GB/s {100 * moved / t16 / CEILING:5.1f}%"
+                    print(f"  wide    {tw * 1e6:8.1f} us {moved / tw / 1e9:7.0f} GB/s {100 * moved / tw / CEILING:5.1f}%"
                           + (f"  | best {min(swept, key=swept.get)}: {min(swept.values()):.1f} us" if swept else ""), flush=True)
                 sweep = mv.sweep_configs(n) if args.sweep and quantized else ()
                 if sweep and n not in (1, mv.MAX_COLS):  # outside add_sweep's module: one each, 8 compiling at once
