@@ -168,7 +168,7 @@ fi
 if [ "$stage" = matvec ]; then
   # Issue 15's mat-vec bar: % of the copy ceiling at the 7B's and the 0.5B's widths, decode (n = 1).
   # MODELS=30b,20b: the MoE presets' dense shapes; SWEEP=1 times every kernel shape too; WIDE=1 the wide units
-  # beside (mmvq.WIDE_UNITS: Q6_K's 16 positions, Q4_K's 32-byte runs; with SWEEP or WIDE_SWEEP=1,
+  # beside (mmvq.WIDE_UNITS: Q6_K's 16 positions; with SWEEP or WIDE_SWEEP=1,
   # every kernel shape of them).
   # NS=1,2: the column counts timed (and swept: mmvq.sweep_configs).
   python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} --no-dequant ${SWEEP:+--sweep} ${WIDE:+--wide} ${WIDE_SWEEP:+--wide-sweep} \

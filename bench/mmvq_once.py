@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K")
     ap.add_argument("--shape", default="3584,18944", help="rows,K")
     ap.add_argument("--n", type=int, default=1)
+    ap.add_argument("--wide", action="store_true", help="also the type's wide unit (mmvq.WIDE_UNITS), after the default")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -32,8 +33,9 @@ def main(argv=None) -> int:
     out = cp.empty((args.n, rows), cp.float32)
     for name in args.types.split(","):
         w = cp.asarray(random_blocks(TYPES[name], rows, K, rng))
-        mmvq.mmvq(TYPES[name], w, x, out)
-        print(name, rows, K, args.n)
+        for wide in (False, True) if args.wide and name in mmvq.WIDE_UNITS else (False,):
+            mmvq.mmvq(TYPES[name], w, x, out, wide=wide)
+            print(name, rows, K, args.n, "wide" if wide else "")
     cp.cuda.Device().synchronize()
     return 0
 

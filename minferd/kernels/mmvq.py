@@ -46,9 +46,9 @@ def bucket(n: int) -> int:
 
 
 # A launch's wide unit (cuda_matmul.WIDE_MAX_K says where): more weights a lane than the type's
-# default unit, the same products summed in another order. Q6_K: 16 positions (UQ6_K16); Q4_K: a
-# whole 32-byte run, two sub-blocks (UQ4_KW).
-WIDE_UNITS = {"Q6_K": 114, "Q4_K": 112}
+# default unit, the same products summed in another order. Q6_K: 16 positions (UQ6_K16). Q4_K's
+# whole 32-byte run (session 35) lost: 7B decode 402.7 -> 376.2 tok/s (bench/NOTES.md, session 36).
+WIDE_UNITS = {"Q6_K": 114}
 
 
 def kernel_name(qt: QuantType, nc: int, cfg: Config, wide: bool = False) -> str:

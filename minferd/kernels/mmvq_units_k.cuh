@@ -84,12 +84,14 @@ struct UQ3_K {  // 110 B, 2-aligned. Unit u: h = u/4, l = 8(u%4)..+7, all 4 shif
   }
 };
 
-// A Q4_K/Q5_K block's header (d, dmin, the 6-bit scales and mins) as the unit of sub-blocks 2c
-// and 2c+1 needs it.
-struct K45Scales {
-  uint4 hdr;
+// Q4_K/Q5_K unit u: sub-blocks 2c and 2c+1 (c = u/2), elements 16k..16k+15 of each (k = u%2).
+// Sub-blocks are 32 elements = one x block, so the min term uses x's exact block sum and is
+// added by the k == 0 lane.
+struct UK45 {
+  uint4 hdr, v;
+  u32 q[8];  // [0:4] sub-block 2c, [4:8] sub-block 2c+1, unsigned bytes
   float d, dmin, sc0, sc1, m0, m1;
-  int c;
+  int c, k;
   __device__ void scales() {
     d = h2f((u16)hdr.x); dmin = h2f((u16)(hdr.x >> 16));
     const u32 b0 = hdr.y, b1 = hdr.z, b2 = hdr.w;  // ggml get_scale_min_k4, 4 at a time
@@ -99,15 +101,6 @@ struct K45Scales {
     sc0 = (float)((scw >> sh) & 0xFF); sc1 = (float)((scw >> (sh + 8)) & 0xFF);
     m0 = (float)((mw >> sh) & 0xFF); m1 = (float)((mw >> (sh + 8)) & 0xFF);
   }
-};
-
-// Q4_K/Q5_K unit u: sub-blocks 2c and 2c+1 (c = u/2), elements 16k..16k+15 of each (k = u%2).
-// Sub-blocks are 32 elements = one x block, so the min term uses x's exact block sum and is
-// added by the k == 0 lane.
-struct UK45 : K45Scales {
-  uint4 v;
-  u32 q[8];  // [0:4] sub-block 2c, [4:8] sub-block 2c+1, unsigned bytes
-  int k;
   struct X {
     int4 h0, l0, h1, l1;
     float4 ds;  // (d, sum) of x blocks 2c and 2c+1
@@ -139,42 +132,6 @@ struct UQ4_K : UK45 {  // 144 B, 16-aligned: 16-byte loads
   }
 };
 
-// Q4_K unit of a whole 32-byte run c (U = 4): sub-blocks 2c and 2c+1 entire, 64 weights a lane, so
-// the header's load and the scales' decode serve twice UQ4_K's weights, and every lane adds its min
-// term (no lane test). Kernel id T_Q4_K_W (mmvq.py's WIDE_UNITS; the pending path q4k_wide).
-struct UQ4_KW : K45Scales {  // 144 B, 16-aligned
-  static constexpr int TYPE = T_Q4_K, QK = 256, BB = 144, U = 4;
-  uint4 v0, v1;
-  u32 q[16];        // [0:8] sub-block 2c, [8:16] sub-block 2c+1, unsigned bytes
-  __device__ void fetch(const u8* blk, int u) {
-    c = u;
-    hdr = ldw128(blk);
-    v0 = ldw128(blk + 16 + 32 * u);
-    v1 = ldw128(blk + 32 + 32 * u);
-  }
-  __device__ void decode() {
-    scales();
-    const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) { q[i] = w[i] & M4; q[8 + i] = (w[i] >> 4) & M4; }
-  }
-  struct X {
-    int4 h0, h0b, l0, l0b, h1, h1b, l1, l1b;
-    float4 ds;  // (d, sum) of x blocks 2c and 2c+1
-  };
-  __device__ X xload(const i8* xq, int lo, const float2* xds) const {
-    const i8* p0 = xq + 64 * c;
-    const i8* p1 = p0 + 32;
-    return {ldx16(p0), ldx16(p0 + 16), ldx16(p0 + lo), ldx16(p0 + lo + 16),
-            ldx16(p1), ldx16(p1 + 16), ldx16(p1 + lo), ldx16(p1 + lo + 16), ldds4(xds + 2 * c)};
-  }
-  __device__ float dot(const X& x) const {
-    const float s0 = comb(dot4(q + 4, x.h0b, dot4(q, x.h0, 0)), dot4(q + 4, x.l0b, dot4(q, x.l0, 0)));
-    const float s1 = comb(dot4(q + 12, x.h1b, dot4(q + 8, x.h1, 0)), dot4(q + 12, x.l1b, dot4(q + 8, x.l1, 0)));
-    return d * (sc0 * x.ds.x * s0 + sc1 * x.ds.z * s1) - dmin * (m0 * x.ds.y + m1 * x.ds.w);
-  }
-};
-
 struct UQ5_K : UK45 {  // 176 B, 16-aligned
   static constexpr int TYPE = T_Q5_K, QK = 256, BB = 176, U = 8;
   uint4 hv;
@@ -197,8 +154,8 @@ struct UQ5_K : UK45 {  // 176 B, 16-aligned
 
 // Q6_K, 210 B, 2-aligned. A unit of P positions: h = u / (32/P), l = P(u % (32/P)) .. + P - 1, all
 // 4 quarters j; its three P-byte runs and the 8 scale bytes as aligned words (RunsA2).
-// P = 8 (UQ6_K, U = 8): 13 loads a unit, not 17. P = 16 (UQ6_K16, U = 4, the pending path
-// q6k_units16, kernel id T_Q6_K_U16, one of mmvq.py's WIDE_UNITS): 19 loads for 64 weights where two
+// P = 8 (UQ6_K, U = 8): 13 loads a unit, not 17. P = 16 (UQ6_K16, U = 4, kernel id
+// T_Q6_K_U16, mmvq.py's WIDE_UNITS): 19 loads for 64 weights where two
 // 8-position units take 26 (the L1 was still 73-82% busy after RunsA2, session 20).
 template <int P> struct UQ6_KP {
   static constexpr int TYPE = T_Q6_K, QK = 256, BB = 210, U = 256 / (4 * P), W = P / 4;
@@ -246,8 +203,7 @@ template <int P> struct UQ6_KP {
 };
 typedef UQ6_KP<8> UQ6_K;
 typedef UQ6_KP<16> UQ6_K16;
-// The wide units' kernel ids (mmvq.py's WIDE_UNITS): 100 + the type's.
-constexpr int T_Q4_K_W = 100 + T_Q4_K, T_Q6_K_U16 = 100 + T_Q6_K;
+constexpr int T_Q6_K_U16 = 100 + T_Q6_K;
 
 template <int TYPE> struct UnitOf;
 template <> struct UnitOf<T_Q4_0> { typedef UQ4_0 T; };
@@ -261,7 +217,6 @@ template <> struct UnitOf<T_Q4_K> { typedef UQ4_K T; };
 template <> struct UnitOf<T_Q5_K> { typedef UQ5_K T; };
 template <> struct UnitOf<T_Q6_K> { typedef UQ6_K T; };
 template <> struct UnitOf<T_Q6_K_U16> { typedef UQ6_K16 T; };
-template <> struct UnitOf<T_Q4_K_W> { typedef UQ4_KW T; };
 template <> struct UnitOf<T_IQ4_NL> { typedef UIQ4_NL T; };
 template <> struct UnitOf<T_IQ4_XS> { typedef UIQ4_XS T; };
 template <> struct UnitOf<T_MXFP4> { typedef UMXFP4 T; };

@@ -209,14 +209,12 @@ def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
-@pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k", 1), ("q4_k_m", 1)])
+@pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_wide_units_decode_the_same(synth_model, quant, B, monkeypatch):
-    """A decode graph whose one-column Q6_K and Q4_K mat-vecs run in their wide units (cuda_matmul's
-    WIDE_MAX_K; Q4_K's the pending path q4k_wide, switched on) against the default units: the same
-    products summed in another order, so the logits agree within the paths' tolerance and pick the
-    same greedy tokens."""
-    from minferd.backend import cuda_matmul, pending
-    monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"q4k_wide"})
+    """A decode graph whose one-column Q6_K mat-vecs run in the wide unit (cuda_matmul's
+    WIDE_MAX_K) against the default unit: the same products summed in another order, so the
+    logits agree within the paths' tolerance and pick the same greedy tokens."""
+    from minferd.backend import cuda_matmul
     outs = []
     for max_k in ({}, cuda_matmul.WIDE_MAX_K):
         monkeypatch.setattr(cuda_matmul, "WIDE_MAX_K", max_k)

@@ -197,7 +197,7 @@ extern "C" int mv(int t, const u8* w, int rows, int K, const i8* xq, const float
   misaligned = 0;
   switch (t) {
 #define M(T) case T: mmvq_rows<T>(w, rows, K, xq, xds, kbp, n, out); return misaligned ? 2 : 0;
-    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14) M(20) M(23) M(39) M(112) M(114)
+    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14) M(20) M(23) M(39) M(114)
   }
   return 1;
 }

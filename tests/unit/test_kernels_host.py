@@ -101,7 +101,7 @@ def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
 
 
 # (type, the unit's kernel id): every quantized type's unit, and the variants behind ids of their own
-# (mmvq.WIDE_UNITS: UQ6_K16 behind T_Q6_K_U16, UQ4_KW behind T_Q4_K_W).
+# (mmvq.WIDE_UNITS: UQ6_K16 behind T_Q6_K_U16).
 UNITS = [(n, TYPES[n].ggml_id) for n in CUDA_TYPES if TYPES[n].is_quantized] + list(WIDE_UNITS.items())
 
 
