@@ -8,15 +8,22 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_matmul
+from minferd.backend import cuda_attention, cuda_matmul, pending
 from minferd.backend.base import KVCache, Weight
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 
 RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
+NORM_MAX_CTAS = 32  # rmsnorm_q_pre's CTAs a row: a warp a 32-element block up to 8192 wide
+
 # Passes of this many tokens or more norm q's and k's heads inside rope_kv (norm_rope_kv, one warp
 # a head): 30b-a3b pp2048 16300 -> 16763 tok/s on the H200 (s16); a decode step of one token lost
 # (324 -> 310 tok/s: 36 warps on 5 SMs, each a whole head's chain), so decode keeps two launches.
 NORM_ROPE_MIN_ROWS = 128
+
+
+def norm_ctas(d: int) -> int:
+    """rmsnorm_q_pre's CTAs (8 warps) for a row of d: a warp for each 32-element block (7B: 14)."""
+    return min(NORM_MAX_CTAS, max(RMSNORM_CTAS, -(-d // (32 * 8))))
 
 
 def _op(name: str):
@@ -61,8 +68,10 @@ class CudaOps:
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            _op("rmsnorm_q")((x.shape[0], RMSNORM_CTAS), (256,), (x, weight.data, out, np.int32(d), np.float32(eps))
-                             + self._xq_args(scratch, out))
+            pre = pending.ready("norm_pre")
+            _op("rmsnorm_q_pre" if pre else "rmsnorm_q")((x.shape[0], norm_ctas(d) if pre else RMSNORM_CTAS), (256,),
+                                                         (x, weight.data, out, np.int32(d), np.float32(eps))
+                                                         + self._xq_args(scratch, out))
             return out
         out16 = None
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding

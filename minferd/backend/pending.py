@@ -54,7 +54,13 @@ from minferd.config import valve
 # instructions); session 36 saw its 34 tests pass on an H100 and lose (7B decode 402.7 / 402.7 ->
 # 376.2 / 376.3 tok/s in turns; ncu: 72 registers, occupancy 55 -> 42%, the same long-scoreboard
 # stalls: the mat-vec waits on memory, not on issue). It went.
-PATHS: dict[str, str] = {}
+# Session 37 measured (decode graphs with nodes left out, an H100) that the 7B's 57 rmsnorm_q nodes
+# cost 0.18 ms of its 2.68 ms token, and wrote norm_pre below.
+PATHS: dict[str, str] = {
+    "norm_pre": "a decode norm as rmsnorm_q_pre over cuda_ops.norm_ctas CTAs (a warp's block values read "
+                "with the row's sum): test_fused_ops.py's test_norm_pre_changes_no_bit, test_engine_cuda.py's "
+                "test_norm_pre_decodes_the_same",
+}
 
 
 def _run_anyway() -> set[str]:

@@ -91,6 +91,20 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k")])
+@pytest.mark.parametrize("B", [1, 2])
+def test_norm_pre_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
+    """Decode graphs (programmatic launch on) whose norms run rmsnorm_q_pre replay to the bits of
+    the same graphs with rmsnorm_q: what lets backend/pending.py's norm_pre on."""
+    from minferd.backend import pending
+    monkeypatch.setenv("MINFERD_PDL", "64")
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm_pre"} if on else pending.WAITING | {"norm_pre"})
+        outs.append(decode_step(str(synth_model(arch, quant)), "mmq", B))
+    assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("quant", ["q4_k", "q8_0"])
 @pytest.mark.parametrize("B", [13, 16, 32])
 def test_tc_groups_decode_the_same(synth_model, quant, B, monkeypatch):

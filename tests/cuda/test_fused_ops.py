@@ -77,6 +77,25 @@ def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     assert np.array_equal(fused, quantized(out))
 
 
+@pytest.mark.parametrize("n,d", [(1, 256), (1, 896), (2, 2880), (1, 3584), (2, 4096), (1, 8192), (1, 18944)])
+def test_norm_pre_changes_no_bit(be, n, d, monkeypatch):
+    """rmsnorm_q_pre over norm_ctas(d) CTAs (backend/pending.py's norm_pre) leaves the normed row
+    and its mat-vec format bit for bit as rmsnorm_q over RMSNORM_CTAS: the same sums in the same
+    order, only each warp's values read sooner and the blocks spread over more warps (widths
+    where a warp had 1, 3.5 and 2.3 blocks, and past NORM_W rounds)."""
+    from minferd.backend import cuda_ops, pending
+    assert cuda_ops.norm_ctas(3584) == 14 and cuda_ops.norm_ctas(896) == cuda_ops.RMSNORM_CTAS
+    x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
+    w = vec(rng.standard_normal(d).astype(np.float32))
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm_pre"} if on else pending.WAITING | {"norm_pre"})
+        with be.scope():
+            out = be.rmsnorm(x, w, 1e-6)
+            got.append((cp.asnumpy(out), written(cp.asnumpy(be._quantized(out)), n, d)))
+    assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])
+
+
 @pytest.mark.parametrize("n", [1, 8])  # rows of a decode step's picks (tokens x k)
 def test_act_gate_oai_is_swiglu_oai(be, n):
     """act_gate_q's act 2 (gpt-oss's clamped SwiGLU) equals the elementwise swiglu_oai bit for bit,
