@@ -174,7 +174,7 @@ extern "C" __global__ void combine_rmsnorm_q(const float* __restrict__ y, const 
     pdl_enter();
     const int t = blockIdx.x;
     rmsnorm_q_row<false>(Picks{y, wts, res, t, k, dim}, w, wv, out + (long long)t * dim, dim, eps,
-                  xq + (long long)t * 2 * dim, xds + (long long)t * kbp, sum + (long long)t * dim);
+                         xq + (long long)t * 2 * dim, xds + (long long)t * kbp, sum + (long long)t * dim);
 }
 
 // The gated MLP's activation, y = act(g) * u (act 0: SiLU, 1: GELU-tanh, 2: gpt-oss's clamped
