@@ -102,8 +102,7 @@ __device__ __forceinline__ void norm_w_ahead(const float* __restrict__ w, int di
 // The block's share of one row normalised (out) and in the mat-vec format (xq, xds: the row's),
 // and, where srow is set, the row's values themselves. Each CTA of the row's gridDim.y sums the
 // whole row (from L2) and writes its share of 32-element blocks; wv: norm_w_ahead's weights.
-// PRE: a warp reads the values of its first NORM_W blocks with the sum's loads, not each after the
-// sum in turn (one L2 round trip a block on the norm's critical path; rmsnorm_q_pre).
+// PRE: a warp's first NORM_W blocks' values are read with the sum's loads, not one after another.
 template <bool PRE, class Src>
 __device__ __forceinline__ void rmsnorm_q_row(const Src& src, const float* __restrict__ w, const float (&wv)[NORM_W],
                                               float* __restrict__ orow, int dim, float eps,
@@ -148,13 +147,10 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
     rmsnorm_q_row<false>(Row{x + r * dim}, w, wv, out + r * dim, dim, eps, xq + r * 2 * dim, xds + r * kbp, nullptr);
 }
 
-// rmsnorm_q with each warp's block values read ahead (rmsnorm_q_row's PRE), launched with a CTA for
-// each 8 blocks of the row (cuda_ops.norm_ctas): a warp's one block, not 3.5 in turn at 3584 wide.
-// The same sums in the same order: its bits are rmsnorm_q's (backend/pending.py's norm_pre, which
-// replaces rmsnorm_q with it once measured; two bodies meanwhile, each opening as the pdl rule asks).
-extern "C" __global__ void rmsnorm_q_pre(const float* __restrict__ x, const float* __restrict__ w,
-                                         float* __restrict__ out, int dim, float eps, signed char* __restrict__ xq,
-                                         float2* __restrict__ xds, int kbp) {
+// rmsnorm_q's bits with PRE, over a CTA for each 8 blocks (cuda_ops.norm_ctas; pending.py's norm_pre,
+// which makes it rmsnorm_q once measured: two bodies till then, each opening as pdl.cuh asks).
+extern "C" __global__ void rmsnorm_q_pre(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                                         int dim, float eps, signed char* __restrict__ xq, float2* __restrict__ xds, int kbp) {
     float wv[NORM_W];
     norm_w_ahead(w, dim, wv);
     pdl_enter();
