@@ -1,7 +1,7 @@
 """The CUDA backend's small ops: norms, rope and the KV write, attention, the gated activations,
-each one launch of ops.cu (or a CuPy elementwise kernel for a prefill's f16 output). A decode
-step's norm and activation also leave their output in the mat-vec kernels' int8 format, so the
-next matmul needs no quantize launch (cuda_matmul's slots).
+each one launch of norm.cu or ops.cu (or a CuPy elementwise kernel for a prefill's f16 output).
+A decode step's norm and activation also leave their output in the mat-vec kernels' int8 format,
+so the next matmul needs no quantize launch (cuda_matmul's slots).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from minferd.backend import cuda_attention, cuda_matmul, pending
 from minferd.backend.base import KVCache, Weight
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 
-RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_q
-NORM_MAX_CTAS = 32  # rmsnorm_q_pre's CTAs a row: a warp a 32-element block up to 8192 wide
+RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_pair, rmsnorm_f32 and combine_rmsnorm_q
+NORM_MAX_CTAS = 32  # rmsnorm_q's CTAs a row: a warp a 32-element block up to 8192 wide
 
 # Passes of this many tokens or more norm q's and k's heads inside rope_kv (norm_rope_kv, one warp
 # a head): 30b-a3b pp2048 16300 -> 16763 tok/s on the H200 (s16); a decode step of one token lost
@@ -22,12 +22,17 @@ NORM_ROPE_MIN_ROWS = 128
 
 
 def norm_ctas(d: int) -> int:
-    """rmsnorm_q_pre's CTAs (8 warps) for a row of d: a warp for each 32-element block (7B: 14)."""
+    """rmsnorm_q's CTAs (8 warps) for a row of d: a warp for each 32-element block (7B: 14; s38: 4
+    CTAs a row cost the 7B 1.7% of its token, norm.cu)."""
     return min(NORM_MAX_CTAS, max(RMSNORM_CTAS, -(-d // (32 * 8))))
 
 
 def _op(name: str):
     return kernel("ops", name)
+
+
+def _norm(name: str):
+    return kernel("norm", name)
 
 
 # A prefill's gated activation, written in f32 and in the f16 the down projection reads.
@@ -54,8 +59,8 @@ class CudaOps:
         a, b = (cp.ascontiguousarray(t, dtype=cp.float32) for t in (a, b))
         oa, ob = cp.empty_like(a), cp.empty_like(b)
         ra, rows, d = a.size // a.shape[-1], (a.size + b.size) // a.shape[-1], a.shape[-1]
-        _op("rmsnorm_pair")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
-                            (a, wa.data, oa, np.int32(ra), b, wb.data, ob, np.int32(d), np.float32(eps)))
+        _norm("rmsnorm_pair")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
+                              (a, wa.data, oa, np.int32(ra), b, wb.data, ob, np.int32(d), np.float32(eps)))
         return oa, ob
 
     def rmsnorm(self, x, weight: Weight, eps):
@@ -68,18 +73,19 @@ class CudaOps:
         out = cp.empty_like(x)
         if self._feeds_matvec(x):  # a decode step's norm: leave the mat-vec format behind too
             scratch = self._new_xq(out)
-            pre = pending.ready("norm_pre")
-            _op("rmsnorm_q_pre" if pre else "rmsnorm_q")((x.shape[0], norm_ctas(d) if pre else RMSNORM_CTAS), (256,),
-                                                         (x, weight.data, out, np.int32(d), np.float32(eps))
-                                                         + self._xq_args(scratch, out))
+            _norm("rmsnorm_q")((x.shape[0], norm_ctas(d)), (256,),
+                               (x, weight.data, out, np.int32(d), np.float32(eps)) + self._xq_args(scratch, out))
             return out
         out16 = None
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
             out16 = self._new_x16(out)
         rows = x.size // d
-        _op("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
-                                           (x, weight.data, out, np.int32(d), np.float32(eps),
-                                            out16 if out16 is not None else np.uint64(0)))
+        if out16 is not None and rows <= mmq_small.MAX_M and d % 32 == 0 and pending.ready("norm16"):
+            _norm("rmsnorm_h")((rows, norm_ctas(d)), (256,), (x, weight.data, out, np.int32(d), np.float32(eps), out16))
+            return out
+        _norm("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),
+                             (x, weight.data, out, np.int32(d), np.float32(eps),
+                              out16 if out16 is not None else np.uint64(0)))
         return out
 
     def combine_norm(self, y, wts, k: int, res, weight: Weight, eps):
@@ -91,9 +97,9 @@ class CudaOps:
             return moe_kernels.combine(y, wts, k, res)
         total, out = cp.empty((n, H), cp.float32), cp.empty((n, H), cp.float32)
         scratch = self._new_xq(out)
-        _op("combine_rmsnorm_q")((n, RMSNORM_CTAS), (256,),
-                                 (y, wts, np.int32(k), np.uint64(0 if res is None else res.data.ptr), total, weight.data,
-                                  out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out))
+        _norm("combine_rmsnorm_q")((n, RMSNORM_CTAS), (256,),
+                                   (y, wts, np.int32(k), np.uint64(0 if res is None else res.data.ptr), total,
+                                    weight.data, out, np.int32(H), np.float32(eps)) + self._xq_args(scratch, out))
         self._normed_ahead = (total, weight, eps, out, self._xq)
         return total
 

@@ -55,11 +55,15 @@ from minferd.config import valve
 # 376.2 / 376.3 tok/s in turns; ncu: 72 registers, occupancy 55 -> 42%, the same long-scoreboard
 # stalls: the mat-vec waits on memory, not on issue). It went.
 # Session 37 measured (decode graphs with nodes left out, an H100) that the 7B's 57 rmsnorm_q nodes
-# cost 0.18 ms of its 2.68 ms token, and wrote norm_pre below.
+# cost 0.18 ms of its 2.68 ms token, and wrote norm_pre (the decode norm over a CTA for each 8 blocks,
+# each warp's values read with the row's sum); session 38 saw its 11 tests pass on an H100 and win
+# (7B decode 2.681 / 2.680 -> 2.636 / 2.633 ms a token in turns in one call, the 0.5B's 0.731 / 0.732
+# -> 0.727 / 0.729) and made it rmsnorm_q.
+# Session 38 wrote norm16: rmsnorm_q's arithmetic for 3-64 rows, writing f32 and f16 (rmsnorm_f32
+# took 5.3 us a norm of the 7B's 16-token prefill, 56 a pass).
 PATHS: dict[str, str] = {
-    "norm_pre": "a decode norm as rmsnorm_q_pre over cuda_ops.norm_ctas CTAs (a warp's block values read "
-                "with the row's sum): test_fused_ops.py's test_norm_pre_changes_no_bit, test_engine_cuda.py's "
-                "test_norm_pre_decodes_the_same",
+    "norm16": "a 3-64-row norm as rmsnorm_h over cuda_ops.norm_ctas CTAs, out and its f16 rounding: "
+              "test_fused_ops.py's test_norm16_is_rmsnorm_f32, test_engine_cuda.py's test_norm16_decodes_the_same",
 }
 
 

@@ -151,12 +151,24 @@ template <> struct TcW<T_Q5_K> : TcW<T_Q4_K> {
 template <> struct TcW<T_Q6_K> {
   static constexpr int QK = 256, BB = 210, STEPS = 16;
   static constexpr bool XPAIR = false;
-  u32 ql[2][2][2], qh[2][2], sc[4];
+  u32 ql[2][2][2], qh[2][2], sc[4], s[8];  // s: prep's d * scales, f16 pairs (2i, 2i + 1)
   u16 dh;
   __device__ __forceinline__ static int xoff(int k, int c) {
     return 128 * (k >> 3) + 32 * ((k >> 1) & 3) + 16 * (k & 1) + 4 * c;
   }
-  __device__ __forceinline__ void prep() {}
+  // The 16 d * scale in f16 pairs, once a block, as Q4_K's prep: an int8 scale + 128 under 1024's
+  // mantissa is exact, so is the subtract, and the f16 product rounds once, as the f32 product
+  // rounded to f16 did (made in each step, it cost two conversions a step: Q6_K ran tcgemv at
+  // half Q4_K's weights a second, prefill_gates_h200.json).
+  __device__ __forceinline__ void prep() {
+    const u32 d2 = (u32)dh * 0x10001u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      u32 lo, hi;
+      magic_pairs(sc[i] ^ 0x80808080u, lo, hi);
+      s[2 * i] = hmul2(hsub2(lo, 0x64806480u), d2), s[2 * i + 1] = hmul2(hsub2(hi, 0x64806480u), d2);
+    }
+  }
   // Every u32 lies at a multiple of 4 from the block: all are 4-aligned when the block is (even
   // blocks of rows with an even block count), and half the loads suffice.
   __device__ __forceinline__ void fetch(const u8* b, int c) {
@@ -179,10 +191,9 @@ template <> struct TcW<T_Q6_K> {
   __device__ __forceinline__ void frag(int k, u32& p0, u32& p1) const {
     const int h = k >> 3, r = (k >> 1) & 3, is = k & 1, si = 8 * h + 2 * r + is;
     const u32 lw = ql[h][r & 1][is] >> (4 * (r >> 1)), hw = qh[h][is] >> (2 * r);
-    const float sf = h2f(dh) * (float)(int)(i8)(sc[si >> 2] >> (8 * (si & 3)));
-    const u32 s = pack_h2(sf, sf);
+    const u32 sp = (si & 1) ? bcast_hi(s[si >> 1]) : bcast_lo(s[si >> 1]);
     // 1024 + 32 in each half: (1024 + q) - 1056 = q - 32, exact
-    scaled((lw & M4) | ((hw << 4) & 0x30303030u), s, 0x64206420u, p0, p1);
+    scaled((lw & M4) | ((hw << 4) & 0x30303030u), sp, 0x64206420u, p0, p1);
   }
 };
 

@@ -64,7 +64,9 @@ def test_past_matvec_rows_a_norm_leaves_no_matvec_format():
         assert b._xq is not None
 
 
-@pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880)])
+# Widths where rmsnorm_q's warps hold 1 to 3.5 blocks, and past NORM_W rounds (18944).
+@pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880), (1, 256), (1, 896),
+                                 (2, 4096), (1, 8192), (1, 18944)])
 def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
     w = vec(rng.standard_normal(d).astype(np.float32))
@@ -77,23 +79,23 @@ def test_rmsnorm_leaves_quantize_x_format(be, n, d):
     assert np.array_equal(fused, quantized(out))
 
 
-@pytest.mark.parametrize("n,d", [(1, 256), (1, 896), (2, 2880), (1, 3584), (2, 4096), (1, 8192), (1, 18944)])
-def test_norm_pre_changes_no_bit(be, n, d, monkeypatch):
-    """rmsnorm_q_pre over norm_ctas(d) CTAs (backend/pending.py's norm_pre) leaves the normed row
-    and its mat-vec format bit for bit as rmsnorm_q over RMSNORM_CTAS: the same sums in the same
-    order, only each warp's values read sooner and the blocks spread over more warps (widths
-    where a warp had 1, 3.5 and 2.3 blocks, and past NORM_W rounds)."""
-    from minferd.backend import cuda_ops, pending
-    assert cuda_ops.norm_ctas(3584) == 14 and cuda_ops.norm_ctas(896) == cuda_ops.RMSNORM_CTAS
+@pytest.mark.parametrize("n,d", [(3, 896), (16, 3584), (64, 4096), (9, 18944), (5, 2880)])
+def test_norm16_is_rmsnorm_f32(be, n, d, monkeypatch):
+    """rmsnorm_h (backend/pending.py's norm16: 3-64 rows over norm_ctas(d) CTAs) against
+    rmsnorm_f32: the same values but for the order of the sum of squares, and the f16 the next
+    matmul reads (be._as_f16 finds it, no cast launch) equal to the cast of them."""
+    from minferd.backend import pending
     x = cp.asarray(rng.standard_normal((n, d)).astype(np.float32))
     w = vec(rng.standard_normal(d).astype(np.float32))
     got = []
     for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm_pre"} if on else pending.WAITING | {"norm_pre"})
+        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm16"} if on else pending.WAITING | {"norm16"})
         with be.scope():
             out = be.rmsnorm(x, w, 1e-6)
-            got.append((cp.asnumpy(out), written(cp.asnumpy(be._quantized(out)), n, d)))
-    assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])
+            assert be._x16[1] is out
+            got.append((cp.asnumpy(out), cp.asnumpy(be._as_f16(out))))
+    np.testing.assert_allclose(got[1][0], got[0][0], rtol=2e-6, atol=1e-7)
+    assert np.array_equal(got[1][1], got[1][0].astype(np.float16))
 
 
 @pytest.mark.parametrize("n", [1, 8])  # rows of a decode step's picks (tokens x k)

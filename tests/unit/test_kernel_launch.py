@@ -48,7 +48,7 @@ def test_every_kernel_waits_for_the_node_before_it_first():
         if "__global__" in text:
             assert '#include "pdl.cuh"' in text, f"{path.name} has kernels but does not include pdl.cuh"
     assert found >= 25  # every kernel file of the folder was read
-    assert ahead == 3  # rmsnorm_q, rmsnorm_q_pre and combine_rmsnorm_q read their norm's weights first
+    assert ahead == 3  # rmsnorm_q, rmsnorm_h and combine_rmsnorm_q read their norm's weights first
 
 
 def test_no_launcher_takes_a_function_around_the_kernel_wrapper():
