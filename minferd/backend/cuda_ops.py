@@ -8,12 +8,12 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_matmul, pending
+from minferd.backend import cuda_attention, cuda_matmul
 from minferd.backend.base import KVCache, Weight
 from minferd.kernels import kernel, mmq_small, moe as moe_kernels
 
-RMSNORM_CTAS = 4  # CTAs sharing one decode row of rmsnorm_pair, rmsnorm_f32 and combine_rmsnorm_q
-NORM_MAX_CTAS = 32  # rmsnorm_q's CTAs a row: a warp a 32-element block up to 8192 wide
+RMSNORM_CTAS = 4  # CTAs sharing one row of rmsnorm_pair, rmsnorm_f32 (<= 64 rows) and combine_rmsnorm_q
+NORM_MAX_CTAS = 32  # rmsnorm_q's and rmsnorm_h's CTAs a row: a warp a 32-element block up to 8192 wide
 
 # Passes of this many tokens or more norm q's and k's heads inside rope_kv (norm_rope_kv, one warp
 # a head): 30b-a3b pp2048 16300 -> 16763 tok/s on the H200 (s16); a decode step of one token lost
@@ -22,8 +22,8 @@ NORM_ROPE_MIN_ROWS = 128
 
 
 def norm_ctas(d: int) -> int:
-    """rmsnorm_q's CTAs (8 warps) for a row of d: a warp for each 32-element block (7B: 14; s38: 4
-    CTAs a row cost the 7B 1.7% of its token, norm.cu)."""
+    """rmsnorm_q's and rmsnorm_h's CTAs (8 warps) for a row of d: a warp for each 32-element block
+    (7B: 14; s38: 4 CTAs a row cost the 7B 1.7% of its token, norm.cu)."""
     return min(NORM_MAX_CTAS, max(RMSNORM_CTAS, -(-d // (32 * 8))))
 
 
@@ -80,7 +80,7 @@ class CudaOps:
         if x.ndim == 2:  # a prefill's norm: the next matmuls read its f16 rounding
             out16 = self._new_x16(out)
         rows = x.size // d
-        if out16 is not None and rows <= mmq_small.MAX_M and d % 32 == 0 and pending.ready("norm16"):
+        if out16 is not None and rows <= mmq_small.MAX_M and d % 32 == 0:  # 3-64 rows, what tcgemv reads
             _norm("rmsnorm_h")((rows, norm_ctas(d)), (256,), (x, weight.data, out, np.int32(d), np.float32(eps), out16))
             return out
         _norm("rmsnorm_f32")((rows, RMSNORM_CTAS if rows <= mmq_small.MAX_M else 1), (256,),

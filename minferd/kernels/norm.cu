@@ -137,8 +137,8 @@ extern "C" __global__ void rmsnorm_q(const float* __restrict__ x, const float* _
                         nullptr);
 }
 
-// rmsnorm_q's arithmetic for 3-64 rows, out and its f16 rounding (what tcgemv reads): rmsnorm_f32
-// took 5.3 us a norm of a 16-token prefill, 56 times (H100, s37). dim % 32 == 0. (pending.py's norm16)
+// rmsnorm_q's arithmetic for 3-64 rows, out and its f16 rounding (what tcgemv reads). dim % 32 == 0.
+// rmsnorm_f32 took 0.30 ms of the 7B's 16-token prefill in 56 norms, this 0.16 (H100, s38).
 extern "C" __global__ void rmsnorm_h(const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ out, int dim, float eps, __half* __restrict__ out16) {
     float wv[NORM_W];

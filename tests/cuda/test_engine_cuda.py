@@ -91,20 +91,6 @@ def test_programmatic_launch_changes_no_bit(synth_model, B, path, monkeypatch):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k")])
-def test_norm16_decodes_the_same(synth_model, arch, quant, monkeypatch):
-    """Decode graphs of 13 sequences (programmatic launch on) whose norms run rmsnorm_h give the
-    logits of the same graphs with rmsnorm_f32 within the path tolerance (only the order of each
-    row's sum of squares differs): what lets backend/pending.py's norm16 on."""
-    from minferd.backend import pending
-    monkeypatch.setenv("MINFERD_PDL", "64")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"norm16"} if on else pending.WAITING | {"norm16"})
-        outs.append(decode_step(str(synth_model(arch, quant)), "w16", 13))
-    assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
-
-
 @pytest.mark.parametrize("quant", ["q4_k", "q8_0"])
 @pytest.mark.parametrize("B", [13, 16, 32])
 def test_tc_groups_decode_the_same(synth_model, quant, B, monkeypatch):
