@@ -60,8 +60,8 @@ struct Picks {
 // A norm's weights are model weights, which no node of a graph writes: a kernel may read them
 // before pdl_enter, while the node before it finishes (a decode step's norm otherwise waited for
 // its weights from HBM, one round trip for each of a warp's blocks, after the node before it).
-// A warp holds the weights of its first NORM_W blocks (dim up to 8192 at 256 threads and 4 CTAs
-// a row); blocks past those read theirs in turn.
+// A warp holds the weights of its first NORM_W blocks (at 256 threads, dim up to 8192 at 4 CTAs a
+// row, 65536 at norm_ctas' 32); blocks past those read theirs in turn.
 #define NORM_W 8
 __device__ __forceinline__ void norm_w_ahead(const float* __restrict__ w, int dim, float (&wv)[NORM_W]) {
     const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP, stride = nw * gridDim.y;

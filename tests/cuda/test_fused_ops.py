@@ -64,7 +64,8 @@ def test_past_matvec_rows_a_norm_leaves_no_matvec_format():
         assert b._xq is not None
 
 
-# Widths where rmsnorm_q's warps hold 1 to 3.5 blocks, and past NORM_W rounds (18944).
+# Widths where rmsnorm_q's norm_ctas(d) CTAs leave warps idle (256, 896), give each one block (3584,
+# 8192) or more (18944: 2.3 a warp).
 @pytest.mark.parametrize("n,d", [(1, 3584), (3, 640), (8, 1024), (1, 2048), (2, 2880), (1, 256), (1, 896),
                                  (2, 4096), (1, 8192), (1, 18944)])
 def test_rmsnorm_leaves_quantize_x_format(be, n, d):
