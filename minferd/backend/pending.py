@@ -62,7 +62,10 @@ from minferd.config import valve
 # Session 38 wrote norm16 (rmsnorm_q's arithmetic for 3-64 rows, writing f32 and f16), saw its tests
 # pass on an H100 and win (the 7B's 16-token prompt 4.12 -> 3.94 ms in the engine, medians of 10,
 # the 8B's likewise) and made it rmsnorm_h.
-PATHS: dict[str, str] = {}
+PATHS: dict[str, str] = {
+    "glu": "a 3-32-row gated MLP activation in the gate / up products' launch (tcgemv_glu): "
+           "test_tcgemv_glu.py, test_engine_cuda.py's test_glu_decodes_the_same",
+}
 
 
 def _run_anyway() -> set[str]:
