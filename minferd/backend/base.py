@@ -282,12 +282,6 @@ class Backend(ABC):
     def gelu_gate(self, gate, up):
         """gelu_tanh(gate) * up (Gemma's GeGLU)."""
 
-    def glu(self, x, gate: Weight, up: Weight, act: str):
-        """A dense MLP's gated activation of x: swiglu (act "silu") or gelu_gate ("gelu") of x's
-        gate and up products. (The CUDA backend makes a short prompt's in the products' launch.)"""
-        g, u = self.matmuls(x, [gate, up])
-        return self.swiglu(g, u) if act == "silu" else self.gelu_gate(g, u)
-
     def moe(self, x, router: Weight, gate_exps: Weight, up_exps: Weight, down_exps: Weight, k: int,
             residual=None, router_bias: Weight | None = None, exps_bias: tuple | None = None,
             oai_glu: tuple[float, float] | None = None, norm_topk: bool = True, then_norm: tuple | None = None):

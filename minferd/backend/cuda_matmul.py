@@ -14,10 +14,10 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
-from minferd.kernels import mmq_small, tcgemv, tcgemv_glu
+from minferd.kernels import mmq_small, tcgemv
 from minferd.kernels.cublas import gemm_f32
 from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
@@ -191,29 +191,6 @@ class CudaMatmuls:
                                     biases=[None if b is None else b.data for _, b in part], config=self.tc_config)
                 outs += group
         return outs
-
-    def glu(self, x, gate: Weight, up: Weight, act: str):
-        """3-32 rows whose gate and up the gate table gives tcgemv: the activation made in their
-        launch (tcgemv_glu), y and the f16 rounding the down projection reads; else the products,
-        then the activation's own launch (Backend.glu)."""
-        x = cp.ascontiguousarray(x, dtype=cp.float32)
-        if not pending.ready("glu") or not self._fuses_glu(x, gate, up):
-            return super().glu(x, gate, up, act)
-        y = cp.empty((x.shape[0], gate.n_rows), cp.float32)
-        x16 = self._as_f16(x)
-        tcgemv_glu.glu(gate.qtype, gate.data, up.data, x16, y, self._new_x16(y), act, config=self.tc_config)
-        return y
-
-    def _fuses_glu(self, x, gate: Weight, up: Weight) -> bool:
-        n, K = x.shape
-        if not MATVEC_ROWS < n <= tcgemv_glu.MAX_M or gate.qtype != up.qtype or gate.shape != up.shape \
-                or not tcgemv.groups_at(n, K, self.tc_config):
-            return False
-        if any(gates.choose(self._prefill_kernels(w, n), w.qtype.name, w.n_rows, w.row_elems, n, self.gate_table) != "tc"
-               for w in (gate, up)):
-            return False
-        sms = mmq_small.sm_count(cp.cuda.Device().id)
-        return tcgemv_glu.fused_splits(gate.qtype, gate.n_rows, K, n, sms, self.tc_config) is not None
 
     def _quantized(self, x):
         """x (n <= 8, K) in the mat-vec kernels' int8 format: made once per array and pass."""

@@ -62,10 +62,11 @@ from minferd.config import valve
 # Session 38 wrote norm16 (rmsnorm_q's arithmetic for 3-64 rows, writing f32 and f16), saw its tests
 # pass on an H100 and win (the 7B's 16-token prompt 4.12 -> 3.94 ms in the engine, medians of 10,
 # the 8B's likewise) and made it rmsnorm_h.
-PATHS: dict[str, str] = {
-    "glu": "a 3-32-row gated MLP activation in the gate / up products' launch (tcgemv_glu): "
-           "test_tcgemv_glu.py, test_engine_cuda.py's test_glu_decodes_the_same",
-}
+# Session 39 wrote glu (a 3-32-row MLP's gated activation made in the gate / up tcgemv launch, half a
+# CTA's warps on each matrix: no activation node, no f32 gate / up), saw its 235 tests pass on an H100
+# and measure no gain (16-token engine share in turns: 7B 3.84 / 3.87 -> 3.80 / 3.82 ms, 0.5B 1.36 /
+# 1.37 -> 1.44 / 1.39): it went (bench/results/s39/glu.patch, NOTES).
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

@@ -155,24 +155,6 @@ def tcgemv(qt, w, x16, out, *, bias=None, residual=None, part=None, stream=None,
                  split=split)
 
 
-def check_inputs(what: str, qt: QuantType, x16, config: str, max_m: int = MAX_M) -> tuple[int, int]:
-    """(M, K) of x16 for a launch of `what`, after checking the type, the config and x16 itself."""
-    if config not in CONFIGS:
-        raise ValueError(f"{what}: unknown config {config!r}")
-    if qt.name not in SUPPORTED:
-        raise ValueError(f"{what}: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
-    if x16.dtype != np.float16 or x16.ndim != 2 or not x16.flags.c_contiguous or x16.data.ptr % 16:
-        raise ValueError(f"{what}: x16 must be C-contiguous 16-aligned float16 (M, K), got {x16.dtype} {tuple(x16.shape)}")
-    M, K = x16.shape
-    if not 1 <= M <= max_m:
-        raise ValueError(f"{what}: {M} tokens, outside 1..{max_m}")
-    if K == 0 or K % 32:
-        raise ValueError(f"{what}: K = {K} is not a positive multiple of 32")
-    if K % qt.block_elems:
-        raise ValueError(f"{what}: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
-    return M, K
-
-
 MAX_GROUP = 3
 
 
@@ -189,7 +171,18 @@ def tcgemv_group(qt, ws, x16, outs, *, biases=None, residual=None, part=None, st
     tiles; more than one only where groups_at(M, K); residual and part only with one matrix.
     Arguments as tcgemv's."""
     qt = _qt(qt)
-    M, K = check_inputs("tcgemv", qt, x16, config)
+    if config not in CONFIGS:
+        raise ValueError(f"tcgemv: unknown config {config!r}")
+    if qt.name not in SUPPORTED:
+        raise ValueError(f"tcgemv: type {qt.name} not supported (supported: {', '.join(sorted(SUPPORTED))})")
+    if x16.dtype != np.float16 or x16.ndim != 2 or not x16.flags.c_contiguous or x16.data.ptr % 16:
+        raise ValueError(f"tcgemv: x16 must be C-contiguous 16-aligned float16 (M, K), got {x16.dtype} {tuple(x16.shape)}")
+    M, K = x16.shape
+    nt8(M)  # 1..MAX_M
+    if K == 0 or K % 32:
+        raise ValueError(f"tcgemv: K = {K} is not a positive multiple of 32")
+    if K % qt.block_elems:
+        raise ValueError(f"tcgemv: K = {K} is not a multiple of {qt.name}'s {qt.block_elems}-element block")
     biases = list(biases or [None] * len(ws))
     if not 1 <= len(ws) <= MAX_GROUP or len(outs) != len(ws) or len(biases) != len(ws):
         raise ValueError(f"tcgemv: 1..{MAX_GROUP} matrices with one output and one bias slot each, "

@@ -116,27 +116,6 @@ def test_tc_groups_decode_the_same(synth_model, quant, B, monkeypatch):
     assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0")])
-@pytest.mark.parametrize("B", [5, 16, 32])
-def test_glu_decodes_the_same(synth_model, arch, quant, B, monkeypatch):
-    """A decode graph of 3-32 rows whose gated activation is made in the gate / up launch
-    (tcgemv_glu; SwiGLU, and Gemma's GeGLU) gives the logits of the same graph with tcgemv_group
-    then the activation kernel, within the path tolerance (the fused launch counts its K splits
-    over its own CTAs): what lets backend/pending.py's glu on."""
-    from minferd.backend import pending
-    from minferd.kernels import tcgemv_glu
-    monkeypatch.setenv("MINFERD_PREFILL_KERNEL", "tc")
-    calls, glu = [], tcgemv_glu.glu
-    monkeypatch.setattr(tcgemv_glu, "glu", lambda *a, **kw: calls.append(a[3].shape[0]) or glu(*a, **kw))
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(pending, "WAITING", pending.WAITING - {"glu"} if on else pending.WAITING | {"glu"})
-        calls.clear()
-        outs.append(decode_step(str(synth_model(arch, quant)), "w16", B))
-        assert bool(calls) == on, calls
-    assert np.abs(outs[0] - outs[1]).max() <= 2e-3 * np.abs(outs[0]).max()
-
-
 @pytest.mark.parametrize("path", ["w16", "mmq"])
 @pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k"), ("llama", "q6_k"), ("gemma3", "q8_0")])
 def test_one_row_prompts_the_same(synth_model, arch, quant, path, monkeypatch):

@@ -27,6 +27,6 @@ class Gemma3Model(LlamaModel):
         h = be.matmul(self.attention(i, h, batch, cache), self.w[p + "attn_output.weight"])
         x = x + be.rmsnorm(h, self.w[p + "post_attention_norm.weight"], s.norm_eps)
         h = be.rmsnorm(x, self.w[p + "ffn_norm.weight"], s.norm_eps)
-        h = be.matmul(be.glu(h, self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"], "gelu"),
-                      self.w[p + "ffn_down.weight"])
+        g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
+        h = be.matmul(be.gelu_gate(g, u), self.w[p + "ffn_down.weight"])
         return x + be.rmsnorm(h, self.w[p + "post_ffw_norm.weight"], s.norm_eps)

@@ -150,5 +150,5 @@ class LlamaModel:
     def mlp(self, p: str, h, residual):
         """The feed-forward half of layer `p`, its output added to the residual."""
         be = self.be
-        a = be.glu(h, self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"], "silu")
-        return be.matmul(a, self.w[p + "ffn_down.weight"], residual=residual)
+        g, u = be.matmuls(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
+        return be.matmul(be.swiglu(g, u), self.w[p + "ffn_down.weight"], residual=residual)
