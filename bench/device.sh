@@ -32,7 +32,9 @@
 #            repeats each model once per setting (VAR=value, several joined by +, or taskset=CPUS: client and daemon pinned); TTFT_TOKENS=16: a chat stream's TTFT;
 #            REPS=25: prompts a length (default 5; an A/B of the host's share needs many: s26 call 4);
 #            HOPS=1: bench/rpc_hops.py first (a thread wake, and grpc's sync and aio servers' hand-offs);
-#            HOST_LOAD=16: that many busy loops on the host through the timed runs (llama.cpp's columns too)
+#            HOST_LOAD=16: that many busy loops on the host through the timed runs (llama.cpp's columns too);
+#            GATES=Q6_K: on an H200, those types' gate rows re-timed first and the table run on them ($OUT/gates.txt);
+#            END=420: no model started past that many seconds (a one-call plan inside the tool's limit)
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
@@ -276,8 +278,17 @@ if [ "$stage" = latency ]; then
   # LLAMA=0: no llama.cpp columns (an A/B of our own settings needs no build).
   llama_bg
   [ -n "${PENDING:-}" ] && pending_tests ${PENDING_LIMIT:-200}
-  if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   for m in ${MODELS:-05b 7b 8b}; do q$m; done
+  # GATES=Q6_K (an H200 only: the table is the H200's): those types' 8-64-row gate rows re-timed at the
+  # 7B's and 0.5B's shapes into a copy of the table, which the timed runs then read (MINFERD_GATE_TABLE);
+  # $OUT/gates.txt goes back to minferd/backend/prefill_gates_h200.json where its rows changed.
+  if [ -n "${GATES:-}" ] && grep -q H200 "$OUT/gpu.txt"; then
+    cp minferd/backend/prefill_gates_h200.json "$OUT/gates.txt"
+    timeout ${GATES_LIMIT:-150} python3 bench/crossover.py --graph --types "$GATES" --models 7b,0.5b --ns 8,16,32,64 \
+      --reps 10 --merge "$OUT/gates.txt" > "$OUT/crossover.log" 2>&1 && export MINFERD_GATE_TABLE="$OUT/gates.txt"
+    grep -E "^$GATES|merged" "$OUT/crossover.log" | tail -12
+  fi
+  if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
   # HOPS=1: what a thread wake and each gRPC server's hand-offs cost on this machine (after the build:
   # never time the host while it compiles)
@@ -287,6 +298,8 @@ if [ "$stage" = latency ]; then
   # workers beside the daemon): what a client waits for when the engine's thread competes for a core.
   loaders=""; for _ in $(seq ${HOST_LOAD:-0}); do sh -c 'while :; do :; done' & loaders="$loaders $!"; done
   for m in ${MODELS:-05b 7b 8b}; do
+    # END=S: no model starts past S seconds of this call (one call that must end inside the tool's limit)
+    [ $SECONDS -lt ${END:-100000} ] || { echo "# q$m.gguf skipped: $SECONDS s, past END" | tee -a "$OUT/latency.log"; continue; }
     with=${lb:-}
     for v in ${AB:-default}; do
       echo "# q$m.gguf, $v" | tee -a "$OUT/latency.log"
