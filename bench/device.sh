@@ -79,6 +79,15 @@ llama_bg() {
   fi; build=$!
 }
 synth() { [ -f /tmp/q$1.gguf ] || python3 -m minferd.cli synth --arch $2 --preset $3 --quant q4_k_m --random-blocks /tmp/q$1.gguf; }
+# The gate table's 8-64-token rows ($NS) of types $1 at models $2's shapes re-timed in graphs and merged
+# into a copy of the committed table at $3 (copy it back where its picks win); more args go to
+# crossover.py; LIMIT: seconds it may take.
+regate() {
+  local types=$1 models=$2 table=$3; shift 3
+  cp minferd/backend/prefill_gates_h200.json "$table"
+  timeout ${LIMIT:-100000} python3 bench/crossover.py --graph --types "$types" --models "$models" --ns ${NS:-8,16,32,64} \
+    --reps 10 --merge "$table" "$@"
+}
 q7b() { synth 7b qwen2 7b; }
 q05b() { synth 05b qwen2 0.5b; }
 q8b() { synth 8b llama 8b; }
@@ -255,9 +264,7 @@ if [ "$stage" = gates ]; then
   # The gate table's rows of 8-64 tokens re-timed with today's kernels (merged into a copy of the
   # committed table: copy $OUT/gates.json back where its picks win), then where decode's mat-vec
   # waits, Q4_K beside Q6_K on the 7B's ffn_down (ncu's sections, full text in $OUT/ncu-mmvq.txt).
-  cp minferd/backend/prefill_gates_h200.json "$OUT/gates.json"
-  python3 bench/crossover.py --graph --types ${TYPES:-Q4_K,Q6_K} --models ${MODELS:-7b} --ns ${NS:-8,16,32,64} --reps 10 --json "$OUT/crossover.json" \
-    --merge "$OUT/gates.json" 2>&1 | tee "$OUT/crossover.log" | tail -3
+  regate ${TYPES:-Q4_K,Q6_K} ${MODELS:-7b} "$OUT/gates.json" --json "$OUT/crossover.json" 2>&1 | tee "$OUT/crossover.log" | tail -3
   [ "${NCU:-1}" = 0 ] && exit 0  # NCU=0: the table alone
   timeout 150 ncu --clock-control none --kernel-name regex:mmvq --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
@@ -283,10 +290,9 @@ if [ "$stage" = latency ]; then
   # 7B's and 0.5B's shapes into a copy of the table, which the timed runs then read (MINFERD_GATE_TABLE);
   # $OUT/gates.txt goes back to minferd/backend/prefill_gates_h200.json where its rows changed.
   if [ -n "${GATES:-}" ] && grep -q H200 "$OUT/gpu.txt"; then
-    cp minferd/backend/prefill_gates_h200.json "$OUT/gates.txt"
-    timeout ${GATES_LIMIT:-150} python3 bench/crossover.py --graph --types "$GATES" --models 7b,0.5b --ns 8,16,32,64 \
-      --reps 10 --merge "$OUT/gates.txt" > "$OUT/crossover.log" 2>&1 && export MINFERD_GATE_TABLE="$OUT/gates.txt"
-    grep -E "^$GATES|merged" "$OUT/crossover.log" | tail -12
+    LIMIT=${GATES_LIMIT:-150} regate "$GATES" 7b,0.5b "$OUT/gates.txt" > "$OUT/crossover.log" 2>&1 \
+      && export MINFERD_GATE_TABLE="$OUT/gates.txt"
+    tail -3 "$OUT/crossover.log"
   fi
   if [ -n "${TESTS:-}" ]; then [ "$TESTS" = all ] && TESTS=""; cuda_tests ${TEST_LIMIT:-240}; fi
   wait $build && lb="--llama-bench /tmp/llama/build/bin/llama-bench"
