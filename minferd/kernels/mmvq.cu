@@ -191,7 +191,7 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
      const float* __restrict__ res, const u8* __restrict__ ahead0, i64 ahead0_bytes, const u8* __restrict__ ahead1,
      i64 ahead1_bytes, const u8* __restrict__ ahead2, i64 ahead2_bytes) {
-  l2_ahead(ahead0, ahead0_bytes, ahead1, ahead1_bytes, ahead2, ahead2_bytes);  // weights a later node reads
+  l2_ahead(ahead0, ahead0_bytes, ahead1, ahead1_bytes, ahead2, ahead2_bytes);
   pdl_enter();
   const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
   mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
