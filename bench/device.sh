@@ -10,8 +10,6 @@
 #            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
-#   ahead    backend/l2_ahead.py: its tests (TEST_LIMIT=S), then AHEAD="0 16 0 16" (MINFERD_L2_AHEAD, MB) in turns: a decode
-#            token's device time (bench/decode_gap.py) on MODELS="7b 05b"
 #   xplanes  the same with MINFERD_X_PLANES=1 (one int8 plane of x) beside the default two
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
@@ -186,20 +184,6 @@ if [ "$stage" = matvec ]; then
   # NS=1,2: the column counts timed (and swept: mmvq.sweep_configs).
   python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} --no-dequant ${SWEEP:+--sweep} ${WIDE:+--wide} ${WIDE_SWEEP:+--wide-sweep} \
     --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
-fi
-if [ "$stage" = ahead ]; then
-  # backend/l2_ahead.py: its tests, then each MINFERD_L2_AHEAD distance (MB; 0: off) in turns, the
-  # device's time a decode token (bench/decode_gap.py back to back at depth 100) on MODELS, each on
-  # its PATH_<m> (7b: w16, else mmq).
-  [ -n "${TEST_LIMIT:-}" ] && TESTS="tests/cuda/test_l2_ahead.py" cuda_tests $TEST_LIMIT
-  for m in ${MODELS:-7b 05b}; do q$m; done
-  for m in ${MODELS:-7b 05b}; do
-    path=mmq; [ $m = 7b ] && path=w16
-    for d in ${AHEAD:-0 16 0 16}; do
-      echo "# q$m.gguf $path MINFERD_L2_AHEAD=$d"
-      MINFERD_L2_AHEAD=$d timeout 150 python3 bench/decode_gap.py /tmp/q$m.gguf --path $path --tokens ${TOKENS:-200} --rounds 3 2>&1 | grep -v Warn
-    done
-  done 2>&1 | tee -a "$OUT/ahead.log"
 fi
 if [ "$stage" = xplanes ]; then
   # MINFERD_X_PLANES=1 (the decode mat-vecs read one int8 plane of x) against the default two: the

@@ -65,7 +65,6 @@ VALVES = {
     "MINFERD_PDL": "graphs of at most this many rows launch their nodes programmatically (default 64; 0: none)",
     "MINFERD_RUN_AHEAD": "0: decode steps never run ahead of their tokens on the host; 1: they do even where the backend gains nothing (the CPU's: the tests') (engine.py)",
     "MINFERD_X_PLANES": "1: decode mat-vecs read one int8 plane of x (llama.cpp's q8_1 precision, ~0.5% per product) instead of two (~1e-5): fewer loads and dp4a a weight (the A/B of bench/latency.py)",
-    "MINFERD_L2_AHEAD": "megabytes: each decode mat-vec asks L2 for the weights that far down the token's byte stream (backend/l2_ahead.py; the A/B of bench/decode_gap.py)",
     "MINFERD_CALLER_STEPS": "0: a request never runs its first step on its own thread, even where its engine is idle (engine.py; the A/B of bench/latency.py)",
 }
 

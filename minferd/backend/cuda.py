@@ -14,7 +14,7 @@ import logging
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates, l2_ahead
+from minferd.backend import cuda_attention, cuda_sample, gates
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Sampled, Weight, reads_history
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -61,8 +61,6 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         self.pdl_rows = rows_limit()  # graphs of up to this many rows launch programmatically
         self.moe_on_device = device_moe()  # cuda_moe's paths (off: expert by expert)
         self.in_graph = False  # a decode graph is being captured (see capturing)
-        distance = l2_ahead.distance_from_valve()
-        self.ahead = l2_ahead.AheadPlan(distance) if distance and cp.cuda.Device().compute_capability >= "90" else None
         self.gate_table = gates.table_path()
         gates.check_device(device_name(memory.device_id), self.gate_table)
         self.arena: Arena | None = None

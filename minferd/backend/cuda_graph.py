@@ -89,14 +89,7 @@ class DecodeGraph:
         return self.logits[:1 if self.one_row else B]
 
     def _capture(self):
-        ahead = self.be.ahead
         try:
-            if ahead is not None and not ahead.planned:  # a first capture for its launches' order only
-                ahead.recording = True
-                try:
-                    capture(self)
-                finally:
-                    ahead.plan()
             self.graph, self.logits = capture(self)
         except Exception as e:  # noqa: BLE001 - logged, and the bucket runs without a graph
             log.warning("decode graph of %d sequences not captured (%s); running it eagerly", self.bucket, e)

@@ -74,7 +74,7 @@ class CudaMatmuls:
             b = None if bias is None else bias.data
             if w.qtype.is_quantized:
                 mmvq(w.qtype, w.data, x, out, scratch=self._quantized(x), x_quantized=True, bias=b, residual=residual,
-                     wide=_wide(w.qtype, w.row_elems, n), ahead=self._ahead([w.data]))
+                     wide=_wide(w.qtype, w.row_elems, n))
             else:  # float weights: a router's few rows split K over warps
                 mmvq(w.qtype, w.data, x, out, bias=b, residual=residual, split_k=True)
             return out
@@ -100,10 +100,6 @@ class CudaMatmuls:
         if residual is not None:
             out += residual
         return out
-
-    def _ahead(self, mats) -> tuple:
-        """A decode graph's mat-vec launch: the weights it asks L2 for (l2_ahead; () when off)."""
-        return self.ahead.window(mats) if self.ahead is not None and self.in_graph else ()
 
     def _cublas_workspace(self):
         """cuBLAS's workspace, from the arena once and kept (the estimate counts it)."""
@@ -167,8 +163,7 @@ class CudaMatmuls:
                 group = [cp.empty((n, w.n_rows), cp.float32) for w, _ in part]
                 mmvq_group(part[0][0].qtype, [w.data for w, _ in part], x, group, scratch=self._quantized(x),
                            x_quantized=True, biases=[None if b is None else b.data for _, b in part],
-                           wide=_wide(part[0][0].qtype, part[0][0].row_elems, n),
-                           ahead=self._ahead([w.data for w, _ in part]))
+                           wide=_wide(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
 

@@ -66,6 +66,11 @@ from minferd.config import valve
 # CTA's warps on each matrix: no activation node, no f32 gate / up), saw its 235 tests pass on an H100
 # and measure no gain (16-token engine share in turns: 7B 3.84 / 3.87 -> 3.80 / 3.82 ms, 0.5B 1.36 /
 # 1.37 -> 1.44 / 1.39): it went (bench/results/s39/glu.patch, NOTES).
+# Session 40 wrote l2_ahead (each decode mat-vec launch's CTAs asking L2, by cp.async.bulk.prefetch
+# from one thread before pdl_enter, for the weights MINFERD_L2_AHEAD megabytes further down the token's
+# byte stream, planned from a first capture's launch order); its tests passed on an H100 bar one test
+# bug, and it lost at every distance (7B decode 2.598 / 2.593 ms a token off, 2.740 / 2.738 at 16 MB,
+# 2.789 at 8, 2.893 at 32; the 0.5B 0.726 -> 0.738): it went (bench/results/s40/l2_ahead.patch, NOTES).
 PATHS: dict[str, str] = {}
 
 

@@ -45,30 +45,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// An L2 prefetch of weights a later node will read (a decode pass's mat-vecs read the same byte
-// stream every token): this CTA's 1/gridDim share of up to three pieces [p, p + n), asked of the
-// copy engine by one thread (cp.async.bulk.prefetch: no registers, no waiting). Weights, so it may
-// run before pdl_enter (pdl.cuh). Pieces are 16-byte aligned, their sizes multiples of 16 (the launcher's
-// check). A hint: nothing reads a result of it.
-__device__ __forceinline__ void l2_ahead(const unsigned char* p0, long long n0, const unsigned char* p1, long long n1,
-                                         const unsigned char* p2, long long n2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0 || n0 + n1 + n2 <= 0) return;
-  const long long share = ((n0 + n1 + n2 + gridDim.x - 1) / gridDim.x + 15) & ~15LL;
-  long long a = (long long)blockIdx.x * share, b = a + share;
-  const unsigned char* p[3] = {p0, p1, p2};
-  const long long n[3] = {n0, n1, n2};
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    for (long long s = max(a, 0LL); s < min(b, n[i]); s += 1 << 16) {  // at most 64 KB an instruction
-      const unsigned size = (unsigned)min(min(b, n[i]) - s, 1LL << 16);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p[i] + s), "r"(size) : "memory");
-    }
-    a -= n[i]; b -= n[i];  // the next piece's offsets start after this one
-  }
-#endif
-}
-
 // ---------------------------------------------------------------------------------------
 // x (ncols, K) f32 -> xq (ncols, 2, K) int8 and xds (ncols, kbp) (d, sum) per 32 elements,
 // one warp per 32-element block: x = d * (hi + lo/254), hi = rint(x/d), lo the rounded
@@ -181,17 +157,14 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 // Up to three matrices of one type and K that read the same x (q/k/v, gate/up) share one
 // launch: CTAs [0, cta1) work on W0, [cta1, cta2) on W1, the rest on W2. In a decode graph
 // each launch is a node costing ~2.5 us of its own, and the 512-row k/v matrices alone
-// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0). ahead0..2: weight
-// bytes a later node reads, asked of L2 now (l2_ahead; null and 0 for none).
+// cannot fill the GPU. The residual (res) is only for a single matrix (segment 0).
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __global__ void __launch_bounds__(NW * 32)
 mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
      int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
      const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
      i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
-     const float* __restrict__ res, const u8* __restrict__ ahead0, i64 ahead0_bytes, const u8* __restrict__ ahead1,
-     i64 ahead1_bytes, const u8* __restrict__ ahead2, i64 ahead2_bytes) {
-  l2_ahead(ahead0, ahead0_bytes, ahead1, ahead1_bytes, ahead2, ahead2_bytes);
+     const float* __restrict__ res) {
   pdl_enter();
   const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
   mmvq_rows<TYPE, NC, NW, KW, R, UNR>(seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),

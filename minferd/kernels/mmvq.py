@@ -190,7 +190,7 @@ def _ptr(a) -> np.uint64:
 
 
 def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-         bias=None, residual=None, split_k: bool = False, wide: bool = False, ahead=()) -> None:
+         bias=None, residual=None, split_k: bool = False, wide: bool = False) -> None:
     """out (n, rows) f32 = x (n, K) f32 @ dequant(w).T (+ bias) (+ residual), f32 accumulation;
     n in 1..8. bias (rows,) and residual (n, rows) are f32, neither aliasing out.
 
@@ -202,7 +202,7 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
     qt = _qt(qt)
     if qt.name not in FLOAT_TYPES:
         mmvq_group(qt, [w], x, [out], scratch=scratch, x_quantized=x_quantized, stream=stream, config=config,
-                   biases=[bias], residual=residual, wide=wide, ahead=ahead)
+                   biases=[bias], residual=residual, wide=wide)
         return
     _check_x(x)
     n, K = x.shape
@@ -223,31 +223,14 @@ def mmvq(qt, w, x, out, *, scratch=None, x_quantized: bool = False, stream=None,
 
 
 MAX_GROUP = 3
-MAX_AHEAD = 3  # pieces of an L2 prefetch a launch takes (l2_ahead)
-
-
-def check_ahead(ahead) -> tuple:
-    """The kernel's ahead arguments (pointer and bytes a piece) from up to MAX_AHEAD (pointer, bytes) pieces: each
-    16-byte aligned with a size a multiple of 16 (cp.async.bulk.prefetch's rule), bytes >= 0."""
-    ahead = list(ahead)
-    if len(ahead) > MAX_AHEAD:
-        raise ValueError(f"mmvq: {len(ahead)} prefetch pieces, at most {MAX_AHEAD}")
-    args = []
-    for ptr, nbytes in ahead + [(0, 0)] * (MAX_AHEAD - len(ahead)):
-        if ptr % 16 or nbytes % 16 or nbytes < 0 or (nbytes and not ptr):
-            raise ValueError(f"mmvq: prefetch piece ({ptr:#x}, {nbytes} B) is not 16-byte aligned and sized")
-        args += [np.uint64(ptr), np.int64(nbytes)]
-    return tuple(args)
 
 
 def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stream=None, config=None,
-               biases=None, residual=None, wide: bool = False, ahead=()) -> None:
+               biases=None, residual=None, wide: bool = False) -> None:
     """outs[i] = x @ dequant(ws[i]).T (+ biases[i]) for up to three quantized matrices of one
     type and row length that read the same x (q/k/v, gate/up), in ONE launch; residual only
     with a single matrix. The kernel shape is the one CONFIGS gives the largest matrix.
-    wide: the type's wide unit (WIDE_UNITS), the same products summed in another order.
-    ahead: up to three (device pointer, bytes) pieces of weights a later node reads, which the
-    launch's CTAs ask L2 for as they start (mmvq.cu's l2_ahead): a hint, no result changes."""
+    wide: the type's wide unit (WIDE_UNITS), the same products summed in another order."""
     qt = _qt(qt)
     if qt.name in FLOAT_TYPES:
         raise ValueError(f"mmvq_group: {qt.name} is not a quantized type")
@@ -258,7 +241,6 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
     biases = list(biases or [None] * len(ws))
     if len(biases) != len(ws) or (residual is not None and len(ws) != 1):
         raise ValueError("mmvq_group: one bias slot per matrix; a residual only with one matrix")
-    pieces = check_ahead(ahead)
     _check_x(x)
     n, K = x.shape
     rb = [check_rows(qt, w, K) for w in ws][0]  # one type and K: one row size
@@ -297,4 +279,4 @@ def mmvq_group(qt, ws, x, outs, *, scratch=None, x_quantized: bool = False, stre
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
-             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual), *pieces))
+             np.int32(K), np.int32(kbp), np.int32(n), _ptr(residual)))
