@@ -10,6 +10,8 @@
 #            MODELS / MOE_MODELS synthesized into /tmp
 #   pending  the tests of backend/pending.py's waiting paths (kernels written without a GPU)
 #   matvec   the decode mat-vec's GB/s and % of the copy ceiling at the 7B's and 0.5B's shapes (bench/kernels.py)
+#   chain    tests/cuda/test_chain.py, then bench/chain_probe.py: the 7B's decode mat-vecs as a graph of launches
+#            against one persistent launch (kernels/chain.cu), in turns
 #   xplanes  the same with MINFERD_X_PLANES=1 (one int8 plane of x) beside the default two
 #   mmq      one look at the MMQ kernel: its tests, every tile config timed, the whole model on it
 #   probe    the MMQ kernel with parts left out (bench/mmq_probe.py), and ncu's stall reasons
@@ -184,6 +186,10 @@ if [ "$stage" = matvec ]; then
   # NS=1,2: the column counts timed (and swept: mmvq.sweep_configs).
   python3 bench/kernels.py --types ${TYPES:-Q4_K,Q6_K,Q8_0,Q5_0} --models ${MODELS:-7b,0.5b} --ns ${NS:-1} --no-dequant ${SWEEP:+--sweep} ${WIDE:+--wide} ${WIDE_SWEEP:+--wide-sweep} \
     --json "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | tail -8
+fi
+if [ "$stage" = chain ]; then
+  [ "${TEST_LIMIT:-120}" = 0 ] || TESTS="tests/cuda/test_chain.py" cuda_tests ${TEST_LIMIT:-120}
+  timeout ${CHAIN_LIMIT:-240} python3 bench/chain_probe.py --rounds ${ROUNDS:-3} 2>&1 | tee "$OUT/chain.log"
 fi
 if [ "$stage" = xplanes ]; then
   # MINFERD_X_PLANES=1 (the decode mat-vecs read one int8 plane of x) against the default two: the

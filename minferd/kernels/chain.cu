@@ -1,0 +1,106 @@
+// A probe (bench/chain_probe.py), not a serving path: a decode token's mat-vecs as ONE persistent
+// launch instead of a graph node each. Why ask: the one-column mat-vecs stream the 7B's 38 MB
+// matrices at ~57% of the H200's copy ceiling and its 300 MB output at ~79% (bench/NOTES.md s21),
+// so the loss is per launch (ramp-up, the last wave's tail, the wait on the node before), not per
+// byte; a persistent kernel, as Hazy Research's single-kernel decode, has neither launches nor a
+// grid-wide drain between matrices. This file measures how much of that a dependency-respecting
+// chain of the same mmvq_rows gets back before anything else (norms, attention) is moved in.
+//
+// How: the host lays out every op's CTA-sized items in one ticket order (ops in graph order). A
+// CTA takes the next ticket (one atomicAdd), and where its op depends on a group of earlier ops
+// (cnt: the group's counter), waits until that group's items are all done (need), then runs the
+// item exactly as mmvq's launch would have run that CTA (same mmvq_rows instance, same bx), and
+// counts it done. No deadlock whatever the grid: a ticket is taken only by a running CTA, so every
+// item a waiting CTA depends on (a smaller ticket) is held by a running CTA whose own
+// dependencies are smaller still. mode 1: no waits (the streaming bound); mode 2: each item asks L2
+// for its rows (prefetch.global.L2) before it waits, so its weights are on the way while the
+// group before it drains.
+//
+// x here is read through the read-only path (mmvq_rows' __ldg): fine for this probe, whose inputs
+// no op writes. A real decode kernel that makes x inside the launch must read it coherently.
+#include "mmvq.cu"
+
+struct ChainOp {
+  const u8* W;
+  float* out;
+  const i8* xq;
+  const float2* xds;
+  i64 row_bytes;
+  int nrows, nb, K, kbp;
+  int kind;   // the mmvq_rows instance (chain.py's KINDS)
+  int first;  // ticket of its first item; its items are [first, first + items)
+  int items, per_item;  // CTAs' worth of rows, and rows an item
+  int cnt;    // the counter its items add to (a group: q/k/v, gate/up)
+  int wait_cnt, wait_need;  // the counter it waits on and the count that means done (wait_cnt < 0: none)
+};
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <int TYPE, int NW, int KW, int R>
+__device__ __forceinline__ void chain_item(const ChainOp& op, int bx) {
+  mmvq_rows<TYPE, 1, NW, KW, R, 1>(op.W, op.nrows, op.out, nullptr, bx, op.row_bytes, op.nb, op.xq, op.xds, op.K,
+                                   op.kbp, 1, nullptr);
+}
+
+template <int MIN_CTAS>
+__device__ __forceinline__ void chain_run(const ChainOp* __restrict__ ops, int nops, int total, int mode,
+                                          int* __restrict__ ticket, int* __restrict__ done) {
+  __shared__ int s_t, s_op;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int t = atomicAdd(ticket, 1);
+      int lo = 0, hi = nops - 1;  // the op whose items hold ticket t
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (ops[mid].first <= t) lo = mid; else hi = mid - 1;
+      }
+      s_t = t;
+      s_op = lo;
+    }
+    __syncthreads();
+    const int t = s_t, o = s_op;
+    if (t >= total) return;
+    const ChainOp& op = ops[o];
+    const int bx = t - op.first;
+    if (mode == 2 && op.wait_cnt >= 0) {  // this item's rows, a 128-byte line a thread in turn
+      const int r0 = bx * op.per_item, r1 = min(r0 + op.per_item, op.nrows);
+      const u8* p = op.W + (i64)r0 * op.row_bytes;
+      const i64 bytes = (i64)max(r1 - r0, 0) * op.row_bytes;
+      for (i64 b = (i64)threadIdx.x * 128; b < bytes; b += 128 * blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+    }
+    if (mode != 1 && op.wait_cnt >= 0 && threadIdx.x == 0)
+      while (ld_acquire(done + op.wait_cnt) < op.wait_need) __nanosleep(32);
+    __syncthreads();
+    switch (op.kind) {  // chain.py's KINDS: (type, warps, K-split warps, rows) of mmvq_shapes.CONFIGS
+      case 0: chain_item<T_Q4_K, 4, 4, 2>(op, bx); break;
+      case 1: chain_item<T_Q4_K, 4, 2, 2>(op, bx); break;
+      case 2: chain_item<T_Q4_K, 4, 1, 4>(op, bx); break;
+      case 3: chain_item<T_Q6_K, 4, 4, 1>(op, bx); break;
+      case 4: chain_item<T_Q6_K, 4, 2, 2>(op, bx); break;
+      case 5: chain_item<T_Q6_K, 4, 2, 4>(op, bx); break;
+    }
+    __threadfence();  // this CTA's outputs visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(done + op.cnt, 1);
+  }
+}
+
+// The kinds' register needs differ (Q4_K's mid shape 48 alone, Q6_K's tall 80) and one kernel takes
+// the largest: chain_mmvq_8 caps it at 64 (8 CTAs an SM, as many as the 48-register launches get
+// loads in flight from), chain_mmvq leaves it to the compiler.
+extern "C" __global__ void __launch_bounds__(128)
+chain_mmvq(const ChainOp* __restrict__ ops, int nops, int total, int mode, int* __restrict__ ticket,
+           int* __restrict__ done) {
+  chain_run<1>(ops, nops, total, mode, ticket, done);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 8)
+chain_mmvq_8(const ChainOp* __restrict__ ops, int nops, int total, int mode, int* __restrict__ ticket,
+             int* __restrict__ done) {
+  chain_run<8>(ops, nops, total, mode, ticket, done);
+}

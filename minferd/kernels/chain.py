@@ -1,0 +1,112 @@
+"""Launcher of chain.cu: a chain of one-column mat-vecs (Q4_K / Q6_K) run as one persistent launch,
+each op waiting for the group of ops it reads. A probe for bench/chain_probe.py (does a persistent
+decode kernel win back what a graph of launches loses between matrices?), not a serving path.
+
+    table = plan([ChainOp(...), ...])        # host: the ops' items in one ticket order
+    run(table, mode, ticket, done, grid)     # device: one launch; ticket (1,) and done (groups,) int32 zeroed
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import kernel
+from .dequant import check_rows
+from .mmvq import xq_layout
+from .quant import by_name
+
+# (type, (warps, K-split warps, rows, units)) -> chain.cu's `kind`: the one-column shapes
+# mmvq_shapes.CONFIGS gives Q4_K and Q6_K at a dense model's matrix classes.
+KINDS = {("Q4_K", (4, 4, 2, 1)): 0, ("Q4_K", (4, 2, 2, 1)): 1, ("Q4_K", (4, 1, 4, 1)): 2,
+         ("Q6_K", (4, 4, 1, 1)): 3, ("Q6_K", (4, 2, 2, 1)): 4, ("Q6_K", (4, 2, 4, 1)): 5}
+MODES = {"wait": 0, "free": 1, "prefetch": 2}  # chain.cu's mode: waits kept, none, L2 prefetch first
+THREADS = 128  # every kind is 4 warps a CTA
+
+OP_DTYPE = np.dtype([("W", "u8"), ("out", "u8"), ("xq", "u8"), ("xds", "u8"), ("row_bytes", "i8"),
+                     ("nrows", "i4"), ("nb", "i4"), ("K", "i4"), ("kbp", "i4"), ("kind", "i4"), ("first", "i4"),
+                     ("items", "i4"), ("per_item", "i4"), ("cnt", "i4"), ("wait_cnt", "i4"), ("wait_need", "i4")],
+                    align=True)
+
+
+@dataclasses.dataclass
+class ChainOp:
+    """out (1, rows) f32 = x @ dequant(w).T, x already quantized in `scratch` (mmvq's layout for one
+    column of K); adds its items to counter `cnt`; waits for every item of the ops on counter
+    `wait` (an earlier group) first, or for nothing (None)."""
+    qt: str
+    config: tuple[int, int, int, int]
+    w: object
+    out: object
+    scratch: object
+    cnt: int
+    wait: int | None = None
+
+
+def plan(ops: list[ChainOp]) -> np.ndarray:
+    """The ops as chain.cu's table (OP_DTYPE), items numbered in op order; checks every op."""
+    if not ops:
+        raise ValueError("chain: no ops")
+    table = np.zeros(len(ops), OP_DTYPE)
+    need: dict[int, int] = {}
+    first = 0
+    for i, op in enumerate(ops):
+        key = (op.qt, tuple(op.config))
+        if key not in KINDS:
+            raise ValueError(f"chain: op {i}: no kind for {op.qt} at {op.config} (have {sorted(KINDS)})")
+        if op.wait is not None and op.wait not in need:
+            raise ValueError(f"chain: op {i} waits on counter {op.wait}, which no earlier op adds to")
+        if op.wait is not None and op.wait == op.cnt:
+            raise ValueError(f"chain: op {i} waits on its own counter {op.cnt}")
+        qt = by_name(op.qt)
+        rows, K = op.w.shape[0], op.w.shape[1] // qt.block_bytes * qt.block_elems
+        rb = check_rows(qt, op.w, K)
+        if op.out.dtype != np.float32 or op.out.shape != (1, rows) or not op.out.flags.c_contiguous:
+            raise ValueError(f"chain: op {i}: out must be C-contiguous float32 (1, {rows})")
+        off, kbp, nbytes = xq_layout(1, K)
+        if op.scratch.dtype != np.uint8 or op.scratch.nbytes < nbytes or op.scratch.data.ptr % 256:
+            raise ValueError(f"chain: op {i}: scratch must be 256-aligned uint8 of >= {nbytes} bytes")
+        nw, kw, r, _ = op.config
+        per_item = nw // kw * r
+        items = -(-rows // per_item)
+        p = op.scratch.data.ptr
+        table[i] = (op.w.data.ptr, op.out.data.ptr, p, p + off, rb, rows, K // qt.block_elems, K, kbp, KINDS[key],
+                    first, items, per_item, op.cnt, -1 if op.wait is None else op.wait,
+                    0 if op.wait is None else need[op.wait])
+        need[op.cnt] = need.get(op.cnt, 0) + items
+        first += items
+    return table
+
+
+def total_items(table: np.ndarray) -> int:
+    return int(table["first"][-1] + table["items"][-1])
+
+
+def counters(table: np.ndarray) -> int:
+    """How many int32 counters `done` must hold."""
+    return int(table["cnt"].max()) + 1
+
+
+def ctas_per_sm(capped: bool = False) -> int:
+    """CTAs of the kernel one SM holds: the grid that keeps every SM's slots busy is SMs x this."""
+    return _fn(capped).ctas_per_sm(THREADS)
+
+
+def _fn(capped: bool):
+    return kernel("chain", "chain_mmvq_8" if capped else "chain_mmvq")
+
+
+def run(table_dev, table: np.ndarray, mode: str, ticket, done, grid: int, capped: bool = False) -> None:
+    """One launch over the ops of `table` (its device copy `table_dev`, uint8); ticket (1,) and done
+    (counters(table),) int32 must be zero (the launch leaves them used). capped: the kernel held to
+    64 registers (8 CTAs an SM; chain.cu says why)."""
+    if mode not in MODES:
+        raise ValueError(f"chain: mode {mode!r}, one of {', '.join(MODES)}")
+    if table_dev.nbytes != table.nbytes or ticket.dtype != np.int32 or done.dtype != np.int32:
+        raise ValueError("chain: table_dev must be the table's bytes on the device; ticket and done int32")
+    if ticket.size < 1 or done.size < counters(table):
+        raise ValueError(f"chain: done holds {done.size} counters, the table uses {counters(table)}")
+    if not 1 <= grid <= 1 << 20:
+        raise ValueError(f"chain: grid of {grid} CTAs")
+    _fn(capped)((grid,), (THREADS,), (table_dev, np.int32(len(table)), np.int32(total_items(table)), np.int32(MODES[mode]),
+                                ticket, done))

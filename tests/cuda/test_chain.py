@@ -1,0 +1,69 @@
+"""kernels/chain.cu (bench/chain_probe.py's persistent chain of mat-vecs): every op's output is
+bit-identical to its own mmvq launch (the same mmvq_rows instance over the same CTA index), in
+each mode and with the capped kernel, on a grid far smaller than the items (CTAs come back for
+more) and one larger; the plan refuses what the kernel cannot run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from minferd.kernels import chain  # noqa: E402
+from minferd.kernels import mmvq as mv  # noqa: E402
+from minferd.kernels.quant import by_name  # noqa: E402
+from minferd.kernels.random_blocks import random_blocks  # noqa: E402
+from tests.cuda.conftest import poisoned  # noqa: E402
+
+K = 512
+# (type, rows): a chain of groups as a decode layer has them, rows that leave partial items
+GROUPS = [[("Q4_K", 300), ("Q4_K", 64)], [("Q6_K", 37)], [("Q4_K", 1000), ("Q4_K", 1000)], [("Q6_K", 300)],
+          [("Q4_K", 2000)]]
+
+
+def _setup():
+    rng = np.random.default_rng(3)
+    x = cp.asarray(rng.standard_normal((1, K), dtype=np.float32))
+    s = cp.empty(mv.scratch_bytes(1, K), cp.uint8)
+    mv.quantize_x(x, s)
+    ops, refs, cnt = [], [], 0
+    for g in GROUPS:
+        t = g[0][0]
+        cfg = mv.CONFIGS[t][1][mv.shape_class(max(r for _, r in g), K)]
+        for _, rows in g:
+            w = cp.asarray(random_blocks(by_name(t), rows, K, rng))
+            ref = cp.empty((1, rows), cp.float32)
+            mv.mmvq(t, w, x, ref, scratch=s, x_quantized=True, config=cfg)
+            ops.append(chain.ChainOp(t, cfg, w, poisoned((1, rows), cp.float32), s, cnt, cnt - 1 if cnt else None))
+            refs.append(ref.get())
+        cnt += 1
+    return ops, refs
+
+
+@pytest.mark.parametrize("capped", [False, True])
+@pytest.mark.parametrize("mode", list(chain.MODES))
+@pytest.mark.parametrize("grid", [3, 4000])
+def test_chain_is_each_launch_bit_for_bit(mode, capped, grid):
+    ops, refs = _setup()
+    table = chain.plan(ops)
+    state = cp.zeros(1 + chain.counters(table), cp.int32)
+    chain.run(cp.asarray(table.view(np.uint8)), table, mode, state[:1], state[1:], grid, capped)
+    for op, ref in zip(ops, refs):
+        assert np.array_equal(op.out.get(), ref), (op.qt, op.w.shape)
+    # every item counted once, in its group's counter; the ticket ran past the last item
+    need = [int(sum(table["items"][table["cnt"] == c])) for c in range(chain.counters(table))]
+    assert state[1:].get().tolist() == need
+    assert int(state[0].get()) >= chain.total_items(table)
+
+
+def test_plan_refuses_what_the_kernel_cannot_run():
+    ops, _ = _setup()
+    with pytest.raises(ValueError, match="no kind for Q4_K"):
+        chain.plan([chain.ChainOp("Q4_K", (8, 8, 1, 1), ops[0].w, ops[0].out, ops[0].scratch, 0)])
+    with pytest.raises(ValueError, match="which no earlier op"):
+        chain.plan([chain.ChainOp(ops[0].qt, ops[0].config, ops[0].w, ops[0].out, ops[0].scratch, 0, wait=1)])
+    with pytest.raises(ValueError, match="out must be"):
+        chain.plan([chain.ChainOp(ops[0].qt, ops[0].config, ops[0].w, cp.empty((2, 300), cp.float32),
+                                  ops[0].scratch, 0)])
+    with pytest.raises(ValueError, match="no ops"):
+        chain.plan([])
