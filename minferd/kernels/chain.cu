@@ -18,6 +18,7 @@
 //
 // x here is read through the read-only path (mmvq_rows' __ldg): fine for this probe, whose inputs
 // no op writes. A real decode kernel that makes x inside the launch must read it coherently.
+#include "pdl.cuh"
 #include "mmvq.cu"
 
 struct ChainOp {
@@ -96,11 +97,13 @@ __device__ __forceinline__ void chain_run(const ChainOp* __restrict__ ops, int n
 extern "C" __global__ void __launch_bounds__(128)
 chain_mmvq(const ChainOp* __restrict__ ops, int nops, int total, int mode, int* __restrict__ ticket,
            int* __restrict__ done) {
+  pdl_enter();
   chain_run<1>(ops, nops, total, mode, ticket, done);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 8)
 chain_mmvq_8(const ChainOp* __restrict__ ops, int nops, int total, int mode, int* __restrict__ ticket,
              int* __restrict__ done) {
+  pdl_enter();
   chain_run<8>(ops, nops, total, mode, ticket, done);
 }
