@@ -8,7 +8,9 @@ Q4_K_M type mix, random blocks) timed two ways on the device, in turns:
             wait      the dependencies kept (what a real decode kernel must do)
             free      none (the streaming bound: what the structure gives with no waits at all)
             prefetch  each item asks L2 for its rows before it waits
-          and each of those with the kernel capped at 64 registers (chain8: 8 CTAs an SM)
+            bare      no waits, no counts, no barrier and fence around them: the loop alone
+          each with its items dealt by ticket (atomicAdd) or statically (CTA c takes every
+          grid-th item from c), and with the kernel capped at 64 registers (chain8: 8 CTAs an SM)
 
 Only the mat-vecs: no norms, attention or x quantization between them (x is quantized once),
 so "graph" is the mat-vecs' share of a token and the gap between the rows is what the structure
@@ -19,6 +21,7 @@ alone is worth. The chain's outputs are checked bit for bit against the graph's 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -129,10 +132,11 @@ def main(argv=None) -> int:
     table_dev = cp.asarray(table.view(np.uint8))
     state = cp.zeros(1 + chain.counters(table), cp.int32)  # the ticket, then the counters
 
-    def chain_launch(mode, capped):
+    def chain_launch(mode, capped, dispatch):
         def go():
             cp.cuda.runtime.memsetAsync(state.data.ptr, 0, state.nbytes, cp.cuda.get_current_stream().ptr)
-            chain.run(table_dev, table, mode, state[:1], state[1:], sms * chain.ctas_per_sm(capped), capped)
+            chain.run(table_dev, table, mode, state[:1], state[1:], sms * chain.ctas_per_sm(capped), capped,
+                      dispatch)
         return go
 
     print(f"# {name}, {sms} SMs: {args.layers} layers' mat-vecs, {len(groups)} launch groups, {len(ops)} ops, "
@@ -141,16 +145,15 @@ def main(argv=None) -> int:
     with launch.programmatic(True):
         variants = {"graph": graph_of(cp, graph_launches)}
     ref = [o.get() for _, _, mats in groups for _, o in mats]
-    for capped in (False, True):
-        for mode in chain.MODES:
-            label = f"chain{'8' if capped else ''} {mode}"
-            for _, _, mats in groups:
-                for _, o in mats:
-                    o.fill(np.nan)
-            variants[label] = graph_of(cp, chain_launch(mode, capped))
-            got = [o.get() for _, _, mats in groups for _, o in mats]
-            same = all(np.array_equal(a, b) for a, b in zip(ref, got))
-            print(f"  {label}: outputs {'bit-identical to the graph' if same else 'DIFFER from the graph'}", flush=True)
+    for capped, dispatch, mode in itertools.product((False, True), chain.DISPATCH, chain.MODES):
+        label = f"chain{'8' if capped else ''} {dispatch} {mode}"
+        for _, _, mats in groups:
+            for _, o in mats:
+                o.fill(np.nan)
+        variants[label] = graph_of(cp, chain_launch(mode, capped, dispatch))
+        got = [o.get() for _, _, mats in groups for _, o in mats]
+        same = all(np.array_equal(a, b) for a, b in zip(ref, got))
+        print(f"  {label}: outputs {'bit-identical to the graph' if same else 'DIFFER from the graph'}", flush=True)
     times = {k: [] for k in variants}
     for _ in range(args.rounds):  # in turns: a drift of the clocks touches all alike
         for k, (stream, graph) in variants.items():
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
     base = statistics.median(times["graph"])
     for k, ts in times.items():
         t = statistics.median(ts)
-        print(f"{k:18s} {t:7.3f} ms  {weight_bytes / t / 1e6:7.0f} GB/s  {t / base:5.3f}x graph  "
+        print(f"{k:22s} {t:7.3f} ms  {weight_bytes / t / 1e6:7.0f} GB/s  {t / base:5.3f}x graph  "
               f"(rounds: {' '.join(f'{x:.3f}' for x in ts)})", flush=True)
     return 0
 

@@ -12,9 +12,18 @@
 // item exactly as mmvq's launch would have run that CTA (same mmvq_rows instance, same bx), and
 // counts it done. No deadlock whatever the grid: a ticket is taken only by a running CTA, so every
 // item a waiting CTA depends on (a smaller ticket) is held by a running CTA whose own
-// dependencies are smaller still. mode 1: no waits (the streaming bound); mode 2: each item asks L2
-// for its rows (prefetch.global.L2) before it waits, so its weights are on the way while the
-// group before it drains.
+// dependencies are smaller still. mode 1: no waits (the streaming bound); mode 2: each item asks
+// L2 for its rows (prefetch.global.L2) before it waits, so its weights are on the way while the
+// group before it drains; mode 3: no waits, no counts, no barrier and fence around them (the bare
+// loop). mode | 4: static dispatch (chain_run says why).
+//
+// What it showed (H100, bench/results/s41, the 7B's mat-vecs; the graph 2.04 ms, 2.14 TB/s): the
+// bare loop 0.99x the graph's time (static) and 1.07x (ticket); counting each item (barrier,
+// fence, atomic) 1.23x; the waits on top 1.61x; the L2 prefetch no help. So the graph's launches
+// with programmatic dependent launch lose almost nothing between matrices that one launch would
+// win back, and the synchronisation a real chain needs costs more than they do: the bandwidth left
+// on the table is inside the mat-vec's loop, not between launches (the H200, with more HBM
+// headroom, not yet measured).
 //
 // x here is read through the read-only path (mmvq_rows' __ldg): fine for this probe, whose inputs
 // no op writes. A real decode kernel that makes x inside the launch must read it coherently.
@@ -47,10 +56,50 @@ __device__ __forceinline__ void chain_item(const ChainOp& op, int bx) {
                                    op.kbp, 1, nullptr);
 }
 
+// One item: CTA `bx` of op `op`, after (mode 0, 2) the group it reads is done; then counted
+// (mode 3: neither, nor the barrier and fence around them: the bare loop of items).
+__device__ __forceinline__ void chain_step(const ChainOp& op, int bx, int mode, int* __restrict__ done) {
+  if (mode == 2 && op.wait_cnt >= 0) {  // this item's rows, a 128-byte line a thread in turn
+    const int r0 = bx * op.per_item, r1 = min(r0 + op.per_item, op.nrows);
+    const u8* p = op.W + (i64)r0 * op.row_bytes;
+    const i64 bytes = (i64)max(r1 - r0, 0) * op.row_bytes;
+    for (i64 b = (i64)threadIdx.x * 128; b < bytes; b += 128 * blockDim.x)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+  }
+  if ((mode == 0 || mode == 2) && op.wait_cnt >= 0 && threadIdx.x == 0)
+    while (ld_acquire(done + op.wait_cnt) < op.wait_need) __nanosleep(32);
+  if (mode != 3) __syncthreads();
+  switch (op.kind) {  // chain.py's KINDS: (type, warps, K-split warps, rows) of mmvq_shapes.CONFIGS
+    case 0: chain_item<T_Q4_K, 4, 4, 2>(op, bx); break;
+    case 1: chain_item<T_Q4_K, 4, 2, 2>(op, bx); break;
+    case 2: chain_item<T_Q4_K, 4, 1, 4>(op, bx); break;
+    case 3: chain_item<T_Q6_K, 4, 4, 1>(op, bx); break;
+    case 4: chain_item<T_Q6_K, 4, 2, 2>(op, bx); break;
+    case 5: chain_item<T_Q6_K, 4, 2, 4>(op, bx); break;
+  }
+  __syncthreads();  // also: the next item reuses the shared reduction buffer, and ticket's s_t
+  if (mode != 3 && threadIdx.x == 0) {
+    __threadfence();  // the CTA's outputs, seen by thread 0 through the barrier, visible before its count
+    atomicAdd(done + op.cnt, 1);
+  }
+}
+
+// Which CTA takes which item (mode's bit 4): a ticket (atomicAdd, then a search of the table for
+// its op), or statically every grid-th item, a cursor walking the table (no atomic; chain.py
+// refuses a grid larger than the device holds at once, since a CTA never started could hold an
+// item that the resident ones wait on).
 template <int MIN_CTAS>
 __device__ __forceinline__ void chain_run(const ChainOp* __restrict__ ops, int nops, int total, int mode,
                                           int* __restrict__ ticket, int* __restrict__ done) {
   __shared__ int s_t, s_op;
+  if (mode & 4) {
+    int o = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      while (o + 1 < nops && ops[o + 1].first <= t) ++o;
+      chain_step(ops[o], t - ops[o].first, mode & 3, done);
+    }
+    return;
+  }
   for (;;) {
     if (threadIdx.x == 0) {
       const int t = atomicAdd(ticket, 1);
@@ -65,29 +114,7 @@ __device__ __forceinline__ void chain_run(const ChainOp* __restrict__ ops, int n
     __syncthreads();
     const int t = s_t, o = s_op;
     if (t >= total) return;
-    const ChainOp& op = ops[o];
-    const int bx = t - op.first;
-    if (mode == 2 && op.wait_cnt >= 0) {  // this item's rows, a 128-byte line a thread in turn
-      const int r0 = bx * op.per_item, r1 = min(r0 + op.per_item, op.nrows);
-      const u8* p = op.W + (i64)r0 * op.row_bytes;
-      const i64 bytes = (i64)max(r1 - r0, 0) * op.row_bytes;
-      for (i64 b = (i64)threadIdx.x * 128; b < bytes; b += 128 * blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
-    }
-    if (mode != 1 && op.wait_cnt >= 0 && threadIdx.x == 0)
-      while (ld_acquire(done + op.wait_cnt) < op.wait_need) __nanosleep(32);
-    __syncthreads();
-    switch (op.kind) {  // chain.py's KINDS: (type, warps, K-split warps, rows) of mmvq_shapes.CONFIGS
-      case 0: chain_item<T_Q4_K, 4, 4, 2>(op, bx); break;
-      case 1: chain_item<T_Q4_K, 4, 2, 2>(op, bx); break;
-      case 2: chain_item<T_Q4_K, 4, 1, 4>(op, bx); break;
-      case 3: chain_item<T_Q6_K, 4, 4, 1>(op, bx); break;
-      case 4: chain_item<T_Q6_K, 4, 2, 2>(op, bx); break;
-      case 5: chain_item<T_Q6_K, 4, 2, 4>(op, bx); break;
-    }
-    __threadfence();  // this CTA's outputs visible before its count
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(done + op.cnt, 1);
+    chain_step(ops[o], t - ops[o].first, mode, done);
   }
 }
 

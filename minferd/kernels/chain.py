@@ -3,7 +3,7 @@ each op waiting for the group of ops it reads. A probe for bench/chain_probe.py 
 decode kernel win back what a graph of launches loses between matrices?), not a serving path.
 
     table = plan([ChainOp(...), ...])        # host: the ops' items in one ticket order
-    run(table, mode, ticket, done, grid)     # device: one launch; ticket (1,) and done (groups,) int32 zeroed
+    run(table_dev, table, mode, ticket, done, grid, dispatch=...)  # device: one launch
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
+from .mmq_small import sm_count
 from .mmvq import xq_layout
 from .quant import by_name
 
@@ -20,7 +21,9 @@ from .quant import by_name
 # mmvq_shapes.CONFIGS gives Q4_K and Q6_K at a dense model's matrix classes.
 KINDS = {("Q4_K", (4, 4, 2, 1)): 0, ("Q4_K", (4, 2, 2, 1)): 1, ("Q4_K", (4, 1, 4, 1)): 2,
          ("Q6_K", (4, 4, 1, 1)): 3, ("Q6_K", (4, 2, 2, 1)): 4, ("Q6_K", (4, 2, 4, 1)): 5}
-MODES = {"wait": 0, "free": 1, "prefetch": 2}  # chain.cu's mode: waits kept, none, L2 prefetch first
+MODES = {"wait": 0, "free": 1, "prefetch": 2, "bare": 3}  # chain.cu's mode: waits kept, none, L2
+# prefetch first, neither waits nor counts
+DISPATCH = {"ticket": 0, "static": 4}  # who takes an item: the next ticket's CTA, or CTA item % grid
 THREADS = 128  # every kind is 4 warps a CTA
 
 OP_DTYPE = np.dtype([("W", "u8"), ("out", "u8"), ("xq", "u8"), ("xds", "u8"), ("row_bytes", "i8"),
@@ -96,17 +99,23 @@ def _fn(capped: bool):
     return kernel("chain", "chain_mmvq_8" if capped else "chain_mmvq")
 
 
-def run(table_dev, table: np.ndarray, mode: str, ticket, done, grid: int, capped: bool = False) -> None:
+def run(table_dev, table: np.ndarray, mode: str, ticket, done, grid: int, capped: bool = False,
+        dispatch: str = "ticket") -> None:
     """One launch over the ops of `table` (its device copy `table_dev`, uint8); ticket (1,) and done
     (counters(table),) int32 must be zero (the launch leaves them used). capped: the kernel held to
-    64 registers (8 CTAs an SM; chain.cu says why)."""
-    if mode not in MODES:
-        raise ValueError(f"chain: mode {mode!r}, one of {', '.join(MODES)}")
+    64 registers (8 CTAs an SM; chain.cu says why). dispatch "static" needs every CTA of the grid
+    resident at once (at most SMs x ctas_per_sm), since a CTA that never starts would hold items
+    that the running ones wait on."""
+    if mode not in MODES or dispatch not in DISPATCH:
+        raise ValueError(f"chain: mode {mode!r}, one of {', '.join(MODES)}; dispatch {dispatch!r}, "
+                         f"one of {', '.join(DISPATCH)}")
     if table_dev.nbytes != table.nbytes or ticket.dtype != np.int32 or done.dtype != np.int32:
         raise ValueError("chain: table_dev must be the table's bytes on the device; ticket and done int32")
     if ticket.size < 1 or done.size < counters(table):
         raise ValueError(f"chain: done holds {done.size} counters, the table uses {counters(table)}")
     if not 1 <= grid <= 1 << 20:
         raise ValueError(f"chain: grid of {grid} CTAs")
-    _fn(capped)((grid,), (THREADS,), (table_dev, np.int32(len(table)), np.int32(total_items(table)), np.int32(MODES[mode]),
-                                ticket, done))
+    if dispatch == "static" and grid > (most := sm_count(done.device.id) * ctas_per_sm(capped)):
+        raise ValueError(f"chain: static dispatch over {grid} CTAs, more than the {most} the device holds at once")
+    _fn(capped)((grid,), (THREADS,), (table_dev, np.int32(len(table)), np.int32(total_items(table)),
+                                      np.int32(MODES[mode] | DISPATCH[dispatch]), ticket, done))

@@ -1,7 +1,7 @@
 """kernels/chain.cu (bench/chain_probe.py's persistent chain of mat-vecs): every op's output is
 bit-identical to its own mmvq launch (the same mmvq_rows instance over the same CTA index), in
 each mode and with the capped kernel, on a grid far smaller than the items (CTAs come back for
-more) and one larger; the plan refuses what the kernel cannot run."""
+more) and one larger (ticket dispatch) or as large as the device holds at once (static); the plan refuses what the kernel cannot run."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +11,7 @@ cp = pytest.importorskip("cupy")
 
 from minferd.kernels import chain  # noqa: E402
 from minferd.kernels import mmvq as mv  # noqa: E402
+from minferd.kernels.mmq_small import sm_count  # noqa: E402
 from minferd.kernels.quant import by_name  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from tests.cuda.conftest import poisoned  # noqa: E402
@@ -42,18 +43,32 @@ def _setup():
 
 @pytest.mark.parametrize("capped", [False, True])
 @pytest.mark.parametrize("mode", list(chain.MODES))
-@pytest.mark.parametrize("grid", [3, 4000])
-def test_chain_is_each_launch_bit_for_bit(mode, capped, grid):
+@pytest.mark.parametrize("dispatch,grid", [("ticket", 3), ("ticket", 4000), ("static", 3), ("static", "full")])
+def test_chain_is_each_launch_bit_for_bit(mode, capped, dispatch, grid):
     ops, refs = _setup()
     table = chain.plan(ops)
     state = cp.zeros(1 + chain.counters(table), cp.int32)
-    chain.run(cp.asarray(table.view(np.uint8)), table, mode, state[:1], state[1:], grid, capped)
+    if grid == "full":
+        grid = sm_count(0) * chain.ctas_per_sm(capped)
+    chain.run(cp.asarray(table.view(np.uint8)), table, mode, state[:1], state[1:], grid, capped, dispatch)
     for op, ref in zip(ops, refs):
         assert np.array_equal(op.out.get(), ref), (op.qt, op.w.shape)
-    # every item counted once, in its group's counter; the ticket ran past the last item
+    # every item counted once, in its group's counter (bare: none); a ticket chain ran its ticket past the last item
     need = [int(sum(table["items"][table["cnt"] == c])) for c in range(chain.counters(table))]
-    assert state[1:].get().tolist() == need
-    assert int(state[0].get()) >= chain.total_items(table)
+    assert state[1:].get().tolist() == (need if mode != "bare" else [0] * len(need))
+    assert int(state[0].get()) >= chain.total_items(table) if dispatch == "ticket" else int(state[0].get()) == 0
+
+
+def test_static_dispatch_refuses_a_grid_the_device_cannot_hold_at_once():
+    ops, _ = _setup()
+    table = chain.plan(ops)
+    state = cp.zeros(1 + chain.counters(table), cp.int32)
+    most = sm_count(0) * chain.ctas_per_sm(False)
+    with pytest.raises(ValueError, match=f"more than the {most} the device holds"):
+        chain.run(cp.asarray(table.view(np.uint8)), table, "wait", state[:1], state[1:], most + 1, False, "static")
+    with pytest.raises(ValueError, match="dispatch 'round'"):
+        chain.run(cp.asarray(table.view(np.uint8)), table, "wait", state[:1], state[1:], 3, False, "round")
+    assert not state.any() and all(np.isnan(op.out.get()).all() for op in ops)  # nothing ran
 
 
 def test_plan_refuses_what_the_kernel_cannot_run():
