@@ -17,7 +17,7 @@
 // group before it drains; mode 3: no waits, no counts, no barrier and fence around them (the bare
 // loop). mode | 4: static dispatch (chain_run says why).
 //
-// What it showed (H100, bench/results/s41, the 7B's mat-vecs; the graph 2.04 ms, 2.14 TB/s): the
+// What it showed (H100, bench/results/s42, the 7B's mat-vecs; the graph 2.04 ms, 2.14 TB/s): the
 // bare loop 0.99x the graph's time (static) and 1.07x (ticket); counting each item (barrier,
 // fence, atomic) 1.23x; the waits on top 1.61x; the L2 prefetch no help. So the graph's launches
 // with programmatic dependent launch lose almost nothing between matrices that one launch would

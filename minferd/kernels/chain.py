@@ -13,7 +13,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
-from .mmq_small import sm_count
+from .launch import sm_count
 from .mmvq import xq_layout
 from .quant import by_name
 

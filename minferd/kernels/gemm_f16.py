@@ -24,6 +24,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
+from .launch import sm_count
 from .quant import CUDA_TYPES, TYPES, QuantType, by_name
 
 BK = 32  # k elements per main-loop step (gemm_f16.cu)
@@ -96,16 +97,13 @@ def _fn(name: str, smem: int):
     return kernel("gemm_f16", name, names(), smem)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count() -> int:
-    import cupy
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
 def pick_config(M: int, N: int, qt: QuantType | None = None) -> str:
     """The config with the least estimated time. T tiles on S SMs run c = min(occupancy,
     ceil(T / S)) at a time per SM, in ceil(T / (S c)) waves of c tiles each, at RATES[c]."""
-    sms = _sm_count()
+    import cupy
+    sms = sm_count(cupy.cuda.Device().id)
     rates = RATES["w16" if qt is None else qt.name if qt.name in RATES else "Q6_K"]
     best, best_cost = "L", None
     for name, cfg in CONFIGS.items():

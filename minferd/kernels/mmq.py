@@ -29,6 +29,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
+from .launch import sm_count
 from .quant import TYPES, QuantType, by_name
 
 # (warps along N, warps along M, 16-row tiles per warp, 8-token tiles per warp, CTAs per SM
@@ -117,17 +118,13 @@ def scratch_bytes(qt, M: int, N: int, K: int, unpack_bytes: int | None = None) -
     return _layout(_qt(qt), M, N, K, unpack_bytes)["bytes"]
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(dev: int) -> int:
-    import cupy
-    return int(cupy.cuda.Device(dev).attributes["MultiProcessorCount"])
 
 
 def pick_config(M: int, N: int) -> str:
     import cupy
     wn, wm, tn, tm, per_sm, _ = CONFIGS["wide2"]
     tiles = -(-M // (8 * tm * wm)) * -(-N // (16 * tn * wn))
-    return "wide2" if 4 * tiles >= 3 * per_sm * _sm_count(cupy.cuda.Device().id) else "small"
+    return "wide2" if 4 * tiles >= 3 * per_sm * sm_count(cupy.cuda.Device().id) else "small"
 
 
 def _stream(stream):

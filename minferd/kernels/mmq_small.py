@@ -20,6 +20,7 @@ import numpy as np
 
 from . import kernel
 from .dequant import check_rows
+from .launch import sm_count
 from .mmq import BK, ROWB, SUPPORTED, _SCALES, quantize_rows
 from .quant import TYPES, QuantType, by_name
 
@@ -134,10 +135,6 @@ def scratch_bound(widest: int) -> int:
     return x_bytes(MAX_M, widest) + MAX_PART_BYTES
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(dev: int) -> int:
-    import cupy
-    return int(cupy.cuda.Device(dev).attributes["MultiProcessorCount"])
 
 
 def _stream(stream):

@@ -11,7 +11,7 @@ cp = pytest.importorskip("cupy")
 
 from minferd.kernels import chain  # noqa: E402
 from minferd.kernels import mmvq as mv  # noqa: E402
-from minferd.kernels.mmq_small import sm_count  # noqa: E402
+from minferd.kernels.launch import sm_count  # noqa: E402
 from minferd.kernels.quant import by_name  # noqa: E402
 from minferd.kernels.random_blocks import random_blocks  # noqa: E402
 from tests.cuda.conftest import poisoned  # noqa: E402
