@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--graph-only", action="store_true", help="time the graph alone (an A/B of the mat-vec kernel)")
     args = ap.parse_args(argv)
     if not 1 <= args.layers <= 28 or not 1 <= args.reps <= 1000 or not 1 <= args.rounds <= 20:
         ap.error("--layers 1..28, --reps 1..1000, --rounds 1..20")
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
     with launch.programmatic(True):
         variants = {"graph": graph_of(cp, graph_launches)}
     ref = [o.get() for _, _, mats in groups for _, o in mats]
-    for capped, dispatch, mode in itertools.product((False, True), chain.DISPATCH, chain.MODES):
+    combos = () if args.graph_only else itertools.product((False, True), chain.DISPATCH, chain.MODES)
+    for capped, dispatch, mode in combos:
         label = f"chain{'8' if capped else ''} {dispatch} {mode}"
         for _, _, mats in groups:
             for _, o in mats:

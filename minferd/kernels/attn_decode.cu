@@ -342,6 +342,6 @@ attn_decode_merge(const float* __restrict__ part_o, const float2* __restrict__ p
     r *= inv_s;
     const int K = hq * D, k = h * D + tid;
     out[(long long)b * K + k] = r;
-    if (xq) quantize_block32(r, tid % WARP, xq + (long long)b * 2 * K + (k - tid % WARP), K, xds + (long long)b * kbp + k / 32);
+    if (xq) quantize_block32(r, tid % WARP, xq + (long long)b * 2 * K, K, k / 32, xds + (long long)b * kbp);
   }
 }

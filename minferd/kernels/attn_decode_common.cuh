@@ -119,7 +119,7 @@ __device__ __forceinline__ void write_out(float* out, signed char* xq, float2* x
                                           int h, int e, float v) {
   const int K = hq * D, k = h * D + e, lane = e % WARP;
   out[(long long)b * K + k] = v;
-  if (xq) quantize_block32(v, lane, xq + (long long)b * 2 * K + (k - lane), K, xds + (long long)b * kbp + k / 32);
+  if (xq) quantize_block32(v, lane, xq + (long long)b * 2 * K, K, k / 32, xds + (long long)b * kbp);
 }
 
 // An empty share (a padding row, a short sequence): a neutral partial, or zeros for out.

@@ -57,7 +57,7 @@ extern "C" __global__ void quantize_x(const float* __restrict__ x, int K, int nc
   const int lane = threadIdx.x & 31, nkb = K >> 5;
   if (gw >= (i64)ncols * nkb) return;  // whole warps leave together
   const int c = (int)(gw / nkb), kb = (int)(gw % nkb);
-  quantize_block32(x[(i64)c * K + 32 * kb + lane], lane, xq + (i64)c * 2 * K + 32 * kb, K, xds + (i64)c * kbp + kb);
+  quantize_block32(x[(i64)c * K + 32 * kb + lane], lane, xq + (i64)c * 2 * K, K, kb, xds + (i64)c * kbp);
 }
 
 // The epilogue every mat-vec shares: out = x.W (+ bias[row]) (+ res[c, row]). Folding the
@@ -116,7 +116,9 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           if (c < ncols) {
-            const i8* xqc = xq + (i64)c * 2 * K + (i64)b * QK;
+            // a 32-element type's block b where quantize_x put it; a 256-element block's group of 8
+            // x blocks is whole, its units find their own (xq_pos8)
+            const i8* xqc = xq + (i64)c * 2 * K + (QK == 32 ? 32 * (i64)xq_block_pos(b, K >> 5) : (i64)b * QK);
             const float2* xdc = xds + (i64)c * kbp + b * (QK / 32);
             const auto xv = w[k][0].xload(xqc, K, xdc);  // unit position is the same in every row
 #pragma unroll

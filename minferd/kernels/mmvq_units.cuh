@@ -5,6 +5,7 @@
 // them; tests/host checks them on the CPU, tests/cuda on the GPU.
 #pragma once
 #include "blocks.cuh"
+#include "xlayout.cuh"
 
 // Exact int -> float for |v| < 2^22 in two full-rate ops (I2F runs at 1/8 of FMA rate on
 // sm_90 and n=8 columns would make it the bottleneck). Every dp4a sum below stays far
@@ -89,7 +90,7 @@ __device__ __forceinline__ X32 x32load(const i8* xq, int lo, const float2* xds, 
 __device__ __forceinline__ float x32dot(const u32* q, const X32& x) { return comb(dot4(q, x.h, 0), dot4(q, x.l, 0)); }
 
 // x of a (h, l0) unit of P positions: x[128h + 32j + l0 .. + P - 1] for j = 0..3 (P = 8: the
-// Q2_K / Q3_K / Q6_K units; 16: UQ6_K16).
+// Q2_K / Q3_K / Q6_K units; 16: UQ6_K16). Blocks j and 4 + j sit in one 128-byte line (xq_pos8).
 template <int P> struct XJP;
 template <> struct XJP<8> {
   int2 h[4], l[4];
@@ -107,7 +108,7 @@ __device__ __forceinline__ XJP<P> xjload(const i8* xq, int lo, const float2* xds
   x.dx[0] = ds01.x; x.dx[1] = ds01.z; x.dx[2] = ds23.x; x.dx[3] = ds23.z;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const i8* p = xq + 128 * h + 32 * j + l0;
+    const i8* p = xq + 32 * xq_pos8(4 * h + j) + l0;  // x block 4h + j of the super-block
     if constexpr (P == 8) {
       x.h[j] = ldx8(p);
       x.l[j] = ldx8(p + lo);

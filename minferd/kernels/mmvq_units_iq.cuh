@@ -79,6 +79,6 @@ struct UIQ4_XS {  // 136 B, 8-aligned. Unit u: sub-block j = u/2, its bytes 8(u%
     dl = __fmul_rn(h2f((u16)dh), (float)(ls - 32));
     lut_unit<KV_IQ4NL_LO, KV_IQ4NL_HI>(w.x, w.y, q);
   }
-  __device__ X32 xload(const i8* xq, int lo, const float2* xds) const { return x32load(xq + 32 * j, lo, xds + j, h); }
+  __device__ X32 xload(const i8* xq, int lo, const float2* xds) const { return x32load(xq + 32 * xq_pos8(j), lo, xds + j, h); }
   __device__ float dot(const X32& x) const { return dl * x.ds.x * x32dot(q, x); }
 };

@@ -106,8 +106,8 @@ struct UK45 {
     float4 ds;  // (d, sum) of x blocks 2c and 2c+1
   };
   __device__ X xload(const i8* xq, int lo, const float2* xds) const {
-    const i8* p0 = xq + 64 * c + 16 * k;
-    const i8* p1 = p0 + 32;
+    const i8* p0 = xq + 32 * xq_pos8(2 * c) + 16 * k;  // x blocks 2c and 2c + 1: 128 bytes apart
+    const i8* p1 = xq + 32 * xq_pos8(2 * c + 1) + 16 * k;
     return {ldx16(p0), ldx16(p0 + lo), ldx16(p1), ldx16(p1 + lo), ldds4(xds + 2 * c)};
   }
   __device__ float dot(const X& x) const {

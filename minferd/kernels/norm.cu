@@ -79,7 +79,7 @@ struct ToXq {
     float* __restrict__ o; signed char* __restrict__ xq; float2* __restrict__ xds; int dim;
     __device__ __forceinline__ void operator()(int kb, int lane, float v) const {
         o[kb * 32 + lane] = v;
-        quantize_block32(v, lane, xq + kb * 32, dim, xds + kb);
+        quantize_block32(v, lane, xq, dim, kb, xds);
     }
 };
 struct ToF16 {

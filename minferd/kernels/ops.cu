@@ -31,7 +31,7 @@ extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* 
         v = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
     }
     y[i] = v;
-    quantize_block32(v, lane, xq + (long long)c * 2 * K + kb * 32, K, xds + (long long)c * kbp + kb);
+    quantize_block32(v, lane, xq + (long long)c * 2 * K, K, kb, xds + (long long)c * kbp);
 }
 
 // Rotary embedding of one pair (xa, xb) of element pair i of a head at position p:

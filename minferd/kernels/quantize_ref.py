@@ -282,11 +282,20 @@ def quantize(qt: QuantType, f32_2d: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(q).view(_U8).reshape(rows, rb)
 
 
+def x_block_pos(nkb: int) -> np.ndarray:
+    """xlayout.cuh's xq_block_pos for every block of a row of nkb: in each whole group of 8 the
+    even blocks first, then the odd ones; a last group of fewer in order."""
+    kb = np.arange(nkb)
+    i = kb % 8
+    grouped = kb - i + np.where(i % 2 == 1, 4 + i // 2, i // 2)
+    return np.where(kb - i + 8 <= nkb, grouped, kb)
+
+
 def quantize_x_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """The CPU twin of xquant.cuh (the mat-vec kernels' activation format): per 32 elements
     d = amax/127, hi = rint(x/d), lo = rint(254 (x - d hi) / d), both clipped to +-127, and the
-    block's sum. Returns (xq int8 (n, 2, K): hi then lo planes, xds f32 (n, kbp, 2): (d, sum),
-    kbp = K/32 rounded up to a multiple of 4)."""
+    block's sum. Returns (xq int8 (n, 2, K): hi then lo planes, each block at x_block_pos's
+    place; xds f32 (n, kbp, 2): (d, sum) in block order, kbp = K/32 rounded up to a multiple of 4)."""
     x = np.asarray(x, np.float32)
     n, K = x.shape
     blk = x.reshape(n, K // 32, 32)
@@ -295,7 +304,10 @@ def quantize_x_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     safe = np.where(d == 0, np.float32(1), d)[..., None]
     hi = np.where(amax[..., None] == 0, 0, np.clip(np.rint(blk / safe), -127, 127))
     lo = np.where(amax[..., None] == 0, 0, np.clip(np.rint((blk - (hi * safe).astype(np.float32)) / safe * 254), -127, 127))
-    xq = np.stack([hi.reshape(n, K), lo.reshape(n, K)], 1).astype(np.int8)
+    pos = x_block_pos(K // 32)
+    xq = np.zeros((n, 2, K // 32, 32), np.int8)
+    xq[:, 0, pos], xq[:, 1, pos] = hi, lo
+    xq = xq.reshape(n, 2, K)
     kbp = (K // 32 + 3) // 4 * 4
     xds = np.zeros((n, kbp, 2), np.float32)
     xds[:, :K // 32, 0] = d

@@ -154,7 +154,8 @@ template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* x
       for (int i = 0; i < nb * Unit::U; ++i) {
         Unit u; u.fetch(w + r * rb + (long long)(i / Unit::U) * Unit::BB, i % Unit::U); u.decode();
         const int b = i / Unit::U;
-        acc += u.dot(u.xload(xq + (long long)c * 2 * K + (long long)b * Unit::QK, K, xds + (long long)c * kbp + b * (Unit::QK / 32)));
+        const long long xb = Unit::QK == 32 ? 32LL * xq_block_pos(b, K / 32) : (long long)b * Unit::QK;  // mmvq.cu's
+        acc += u.dot(u.xload(xq + (long long)c * 2 * K + xb, K, xds + (long long)c * kbp + b * (Unit::QK / 32)));
       }
       out[(long long)c * rows + r] = acc;
     }
