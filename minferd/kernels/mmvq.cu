@@ -12,7 +12,8 @@
 // (llama.cpp's q8_1) leaves ~0.5% relative error per product on Gaussian x, measured on the
 // host twin of these units, 1.4% on short rows: too close to the 1e-2 the tests allow and
 // it compounds over layers. Two planes cost a second dp4a chain and a second x load per
-// unit and bring the error to ~1e-5.
+// unit and bring the error to ~1e-5. Its 32-element blocks are stored out of order (xlayout.cuh)
+// so that the units' x loads read whole 128-byte lines.
 //
 // Work split: a group of KW warps per R rows; lanes walk the row in "units" (a fixed slice
 // of one block: U units per block, U a power of two, so neighbouring lanes read neighbouring

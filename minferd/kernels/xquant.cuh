@@ -6,8 +6,8 @@
 // the rounded residual (two int8 planes; mmvq.cu's header says why), plus the block's exact
 // f32 sum. Layout of a column c of K elements: block kb's hi values at xq[c*2K + 32 pos + i]
 // and lo at xq[c*2K + K + 32 pos + i], pos = xq_block_pos(kb, K/32) (xlayout.cuh: the
-// blocks of each group of 8 stored evens first); xds[c*kbp + kb] = (d, sum) in block order, kbp >= K/32
-// a multiple of 4 (32-byte aligned rows).
+// blocks of each group of 8 stored evens first); xds[c*kbp + kb] = (d, sum) in block order,
+// kbp >= K/32 a multiple of 4 (32-byte aligned rows).
 #pragma once
 #include "xlayout.cuh"
 

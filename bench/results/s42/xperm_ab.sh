@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 42's A/B: the decode mat-vecs' x loads with x's 32-element blocks stored evens first in
 # each super-block ([0 2 4 6 1 3 5 7]: xperm_probe.patch changes the readers only, so the products
-# are garbage and only the times count), against today's, in turns, on one machine.
+# are garbage and only the times count), against today's, in turns, on one machine. The patch
+# applies on fd50eb3, before the layout itself landed (xlayout.cuh).
 cd "$(dirname "$0")/../../.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
