@@ -5,8 +5,11 @@
 # (xlayout_revert.patch: the kernels as at 89665cc^), in turns on one machine.
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-MODELS="7b 05b" bench/device.sh prep > /dev/null 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
+# the files device.sh's prep makes, without the llama.cpp build it starts beside (no build while timing)
+[ -f /tmp/q7b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_k_m --random-blocks /tmp/q7b.gguf
+[ -f /tmp/q05b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 0.5b --quant q4_k_m --random-blocks /tmp/q05b.gguf
 for v in layout order layout order; do
   [ $v = order ] && git apply bench/results/s42/xlayout_revert.patch
   for m in "q7b w16" "q05b mmq"; do
