@@ -2,7 +2,8 @@
 # Next session's first call (session 42's plan): what the x layout (xlayout.cuh) gives a decode
 # step, end to end: bench/decode_gap.py back to back (depth 100, medians of 3 rounds of 200 steps)
 # on the 7B (W16 plan) and the 0.5B (MMQ plan), with the layout and without it
-# (xlayout_revert.patch: the kernels as at 89665cc^), in turns on one machine.
+# (xlayout_revert.patch: the kernels as at 89665cc^), in turns on one machine; and the mat-vecs
+# of five types alone, the same way.
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
@@ -18,5 +19,11 @@ for v in layout order layout order; do
     timeout 150 python3 bench/decode_gap.py /tmp/$1.gguf --path $2 --tokens 200 --rounds 3 2>&1 \
       | grep -v Warn | tee -a "$OUT/xlayout-decode.log" | tail -2
   done
+  # the 32-element types gain nothing from the layout (their x loads never crossed a line) and
+  # pay xq_block_pos a unit step (sass_diff: Q4_0 / Q5_0 +16-24 instructions, some instances +8
+  # registers): timed alone, with and without it
+  echo "# $v matvec" >> "$OUT/xlayout-matvec.log"
+  timeout 150 python3 bench/kernels.py --types Q8_0,Q5_0,Q4_0,Q6_K,Q4_K --models 7b,0.5b --ns 1 --no-dequant 2>&1 \
+    | grep -v Warn | grep -A7 "GB/s (% of copy" >> "$OUT/xlayout-matvec.log"
   [ $v = order ] && git apply -R bench/results/s42/xlayout_revert.patch
 done
