@@ -22,7 +22,7 @@ from minferd.kernels import DIR
 from minferd.kernels.dequant_ref import dequantize
 from minferd.kernels.mmvq import WIDE_UNITS
 from minferd.kernels.quant import CUDA_TYPES, TYPES, row_bytes
-from minferd.kernels.quantize_ref import quantize_x_ref
+from minferd.kernels.quantize_ref import quantize_x_ref, x_block_pos
 from minferd.kernels.random_blocks import random_blocks
 from minferd.kernels.tcgemv import SUPPORTED as _TC_SUPPORTED
 
@@ -105,10 +105,24 @@ def test_fused_b_decoders_equal_gguf_bit_for_bit(lib, name):
 UNITS = [(n, TYPES[n].ggml_id) for n in CUDA_TYPES if TYPES[n].is_quantized] + list(WIDE_UNITS.items())
 
 
+def test_x_blocks_sit_where_xlayout_puts_them():
+    """Each whole group of 8 x blocks evens first, a last group of fewer in order: a permutation,
+    and quantize_x_ref writes block kb's values there."""
+    assert x_block_pos(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert x_block_pos(28)[24:].tolist() == [24, 25, 26, 27] and sorted(x_block_pos(28)) == list(range(28))
+    x = np.random.default_rng(1).standard_normal((2, 896)).astype(np.float32)
+    xq, xds, _ = quantize_x_ref(x)
+    blocks = xq.reshape(2, 2, 28, 32)
+    for kb, pos in enumerate(x_block_pos(28)):  # each block's hi values, at its place, times its d
+        assert (np.abs(blocks[:, 0, pos] * xds[:, kb, :1] - x[:, 32 * kb:32 * kb + 32]) <= xds[:, kb, :1] * 0.5001).all()
+
+
 @pytest.mark.parametrize("name,unit", UNITS)
 def test_mmvq_units_match_f64(lib, name, unit):
     qt, rng = TYPES[name], np.random.default_rng(100 + TYPES[name].ggml_id)
-    for rows, K in ((5, 768), (3, qt.block_elems * 3)):
+    # 768: whole groups of 8 x blocks (xlayout.cuh); 896 (the 0.5B's width): 3 whole and a last of 4
+    shapes = ((5, 768), (3, qt.block_elems * 3)) + (((2, 896),) if qt.block_elems == 32 else ())
+    for rows, K in shapes:
         raw = random_blocks(qt, rows + 1, K, rng)
         assert raw.shape[1] == row_bytes(qt, K)
         for start in (0, 1):
