@@ -27,3 +27,8 @@ for v in layout order layout order; do
     | grep -v Warn | grep -A7 "GB/s (% of copy" >> "$OUT/xlayout-matvec.log"
   [ $v = order ] && git apply -R bench/results/s42/xlayout_revert.patch
 done
+# Q6_K's 16-position units (mmvq.WIDE_UNITS, used at K <= 4096 only) beside the 8-position ones at
+# every 7B shape, the layout on: does ffn_down (K = 18944) want them now that x is a line a block?
+timeout 120 python3 bench/kernels.py --types Q6_K --models 7b --ns 1 --no-dequant --wide 2>&1 | grep -v Warn \
+  > "$OUT/xlayout-q6k-wide.log"
+tail -12 "$OUT/xlayout-decode.log" "$OUT/xlayout-matvec.log" "$OUT/xlayout-q6k-wide.log"
