@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 
+from kernels import capture, replay_ms  # noqa: E402  (bench/kernels.py, beside this file)
+
 H, F, KV, VOCAB = 3584, 18944, 512, 152064
 Q6_LAYERS = {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27}  # attn_v and ffn_down in Q6_K (ANCHORS.md)
 
@@ -66,33 +68,6 @@ def build(cp, layers: int):
     return groups
 
 
-def graph_of(cp, launches):
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        launches()  # compiles outside capture
-        stream.synchronize()
-        stream.begin_capture()
-        launches()
-        graph = stream.end_capture()
-    return stream, graph
-
-
-def time_graph(cp, stream, graph, reps: int) -> float:
-    """Median milliseconds a replay."""
-    with stream:
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1))
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=28)
@@ -109,7 +84,7 @@ def main(argv=None) -> int:
 
     dev = cp.cuda.Device()
     name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
-    sms = dev.attributes["MultiProcessorCount"]
+    sms = launch.sm_count(dev.id)
     groups = build(cp, args.layers)
     scratch = {}
     for K in (H, F):
@@ -144,7 +119,7 @@ def main(argv=None) -> int:
           f"{chain.total_items(table)} items, {weight_bytes / 1e9:.2f} GB of weights; "
           f"chain CTAs an SM: {chain.ctas_per_sm(False)} (chain8: {chain.ctas_per_sm(True)})", flush=True)
     with launch.programmatic(True):
-        variants = {"graph": graph_of(cp, graph_launches)}
+        variants = {"graph": capture(cp, [graph_launches])}
     ref = [o.get() for _, _, mats in groups for _, o in mats]
     combos = () if args.graph_only else itertools.product((False, True), chain.DISPATCH, chain.MODES)
     for capped, dispatch, mode in combos:
@@ -152,14 +127,14 @@ def main(argv=None) -> int:
         for _, _, mats in groups:
             for _, o in mats:
                 o.fill(np.nan)
-        variants[label] = graph_of(cp, chain_launch(mode, capped, dispatch))
+        variants[label] = capture(cp, [chain_launch(mode, capped, dispatch)])
         got = [o.get() for _, _, mats in groups for _, o in mats]
         same = all(np.array_equal(a, b) for a, b in zip(ref, got))
         print(f"  {label}: outputs {'bit-identical to the graph' if same else 'DIFFER from the graph'}", flush=True)
     times = {k: [] for k in variants}
     for _ in range(args.rounds):  # in turns: a drift of the clocks touches all alike
         for k, (stream, graph) in variants.items():
-            times[k].append(time_graph(cp, stream, graph, args.reps))
+            times[k].append(replay_ms(cp, stream, graph, args.reps))
     base = statistics.median(times["graph"])
     for k, ts in times.items():
         t = statistics.median(ts)

@@ -41,17 +41,24 @@ ORDER = ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K",
 CEILING = 4.3e12  # bytes/s, device-to-device copy on the H200 (read + write)
 
 
-def time_graph(cp, launches, reps: int) -> float:
-    """Median seconds per launch of a graph of `launches` (callables), after warm-ups."""
+def capture(cp, launches):
+    """(stream, graph) of `launches` (callables), each run once first: compiles on first use,
+    never inside capture."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        for f in launches:  # compiles on first use: never inside capture
+        for f in launches:
             f()
         stream.synchronize()
         stream.begin_capture()
         for f in launches:
             f()
         graph = stream.end_capture()
+    return stream, graph
+
+
+def replay_ms(cp, stream, graph, reps: int) -> float:
+    """Median milliseconds a replay of `graph`, after warm-ups."""
+    with stream:
         graph.launch(stream)
         graph.launch(stream)
         stream.synchronize()
@@ -62,8 +69,13 @@ def time_graph(cp, launches, reps: int) -> float:
             graph.launch(stream)
             e1.record(stream)
             e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / len(launches))
+            times.append(cp.cuda.get_elapsed_time(e0, e1))
     return statistics.median(times)
+
+
+def time_graph(cp, launches, reps: int) -> float:
+    """Median seconds per launch of a graph of `launches` (callables)."""
+    return replay_ms(cp, *capture(cp, launches), reps) * 1e-3 / len(launches)
 
 
 def copies_for(nbytes: int, l2: int) -> int:

@@ -97,8 +97,6 @@ def _fn(name: str, smem: int):
     return kernel("gemm_f16", name, names(), smem)
 
 
-
-
 def pick_config(M: int, N: int, qt: QuantType | None = None) -> str:
     """The config with the least estimated time. T tiles on S SMs run c = min(occupancy,
     ceil(T / S)) at a time per SM, in ceil(T / (S c)) waves of c tiles each, at RATES[c]."""

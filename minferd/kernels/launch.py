@@ -65,13 +65,13 @@ def rows_limit() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def sm_count(dev: int) -> int:
     """The device's SMs: what a persistent grid or a split-K choice sizes itself by."""
     import cupy
     return int(cupy.cuda.Device(dev).attributes["MultiProcessorCount"])
 
 
+@functools.lru_cache(maxsize=None)
 def _sm90() -> bool:
     import cupy as cp
     return cp.cuda.Device().compute_capability >= "90"

@@ -118,8 +118,6 @@ def scratch_bytes(qt, M: int, N: int, K: int, unpack_bytes: int | None = None) -
     return _layout(_qt(qt), M, N, K, unpack_bytes)["bytes"]
 
 
-
-
 def pick_config(M: int, N: int) -> str:
     import cupy
     wn, wm, tn, tm, per_sm, _ = CONFIGS["wide2"]

@@ -135,8 +135,6 @@ def scratch_bound(widest: int) -> int:
     return x_bytes(MAX_M, widest) + MAX_PART_BYTES
 
 
-
-
 def _stream(stream):
     return stream if stream is not None else contextlib.nullcontext()
 
