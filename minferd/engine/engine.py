@@ -244,6 +244,8 @@ class ModelEngine:
         self.steps += 1
 
     def _flush(self) -> None:
+        if self._unsent:  # an ended sequence leaves the counts before its client hears the end
+            self._publish()
         for seq in self._unsent:
             seq.flush()
         self._unsent.clear()
@@ -265,7 +267,6 @@ class ModelEngine:
         sampled = be.sample_async(logits, seqs) if ready and self.runs_ahead else None
         if self._ahead:
             self._settle()
-            self._publish()  # a sequence it ended leaves the counts before its client hears the end
             self._flush()  # while the GPU runs this step
         for seq, n in scheduled:
             if seq.status is not Status.FINISHED:
@@ -296,6 +297,7 @@ class ModelEngine:
             if seq.status is Status.FINISHED:
                 self._end(seq)
                 if first:
+                    self._publish()  # as _flush does
                     seq.flush()
 
     # ---- decode run ahead (run_ahead.py) -----------------------------------------------------

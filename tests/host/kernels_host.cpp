@@ -143,7 +143,7 @@ template <int T> static void sdec_rows(const u8* w, int rows, int K, float* out)
       else SDec<T>::dec8(row + (e0 / Blk<T>::QK) * Blk<T>::BB, e0 % Blk<T>::QK, out + (long long)r * K + e0);
     }
 }
-// Serial twin of the mmvq kernel loop (per row: every unit in order), n columns.
+// Serial twin of the mmvq kernel loop (per row: every unit, walked as the kernel walks them), n columns.
 template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
   typedef typename UnitOf<T>::T Unit;
   const long long rb = (long long)K / Unit::QK * Unit::BB;
@@ -151,10 +151,11 @@ template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* x
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < n; ++c) {
       float acc = 0;
-      for (int i = 0; i < nb * Unit::U; ++i) {
-        Unit u; u.fetch(w + r * rb + (long long)(i / Unit::U) * Unit::BB, i % Unit::U); u.decode();
-        const int b = i / Unit::U;
-        const long long xb = Unit::QK == 32 ? 32LL * xq_block_pos(b, K / 32) : (long long)b * Unit::QK;  // mmvq.cu's
+      for (int i = 0; i < nb * Unit::U; ++i) {  // mmvq_rows' walk: Q8_0's in x's stored order
+        const bool xw = T == T_Q8_0;
+        const int p = i / Unit::U, b = xw ? xq_block_at(p, nb) : p;
+        Unit u; u.fetch(w + r * rb + (long long)b * Unit::BB, i % Unit::U); u.decode();
+        const long long xb = xw ? 32LL * p : Unit::QK == 32 ? 32LL * xq_block_pos(b, nb) : (long long)b * Unit::QK;
         acc += u.dot(u.xload(xq + (long long)c * 2 * K + xb, K, xds + (long long)c * kbp + b * (Unit::QK / 32)));
       }
       out[(long long)c * rows + r] = acc;

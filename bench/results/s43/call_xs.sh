@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 7e1865b; the probe (mmvq_xs.cu / .py, bench/xs_probe.py, tests/cuda/test_mmvq_xs.py) lost and went after it.
 # Session 43: the x-stationary probe (tests, then timed against mmvq at the 7B's shapes), then the
 # register ring's A/B on the mat-vecs alone (ring_ab.sh, no decode), within one call.
 cd "$(dirname "$0")/../../.."
