@@ -2,6 +2,9 @@
 read: nothing timed here.
 
     ncu --kernel-name regex:mmvq ... python bench/mmvq_once.py [--types Q4_K,Q6_K] [--shape 3584,18944] [--n 1]
+
+--reads adds, after each type's mat-vec, a device copy and a sum of the same weight bytes (CuPy's own
+kernels: what plain streaming of those bytes looks like to the same counters).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="3584,18944", help="rows,K")
     ap.add_argument("--n", type=int, default=1)
     ap.add_argument("--wide", action="store_true", help="also the type's wide unit (mmvq.WIDE_UNITS), after the default")
+    ap.add_argument("--reads", action="store_true", help="also a copy and a sum of the same bytes")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -36,6 +40,10 @@ def main(argv=None) -> int:
         for wide in (False, True) if args.wide and name in mmvq.WIDE_UNITS else (False,):
             mmvq.mmvq(TYPES[name], w, x, out, wide=wide)
             print(name, rows, K, args.n, "wide" if wide else "")
+        if args.reads:
+            cp.copyto(cp.empty_like(w), w)
+            flat = w.ravel()
+            (flat.view(cp.uint32) if flat.nbytes % 4 == 0 else flat).sum(dtype=cp.uint64)
     cp.cuda.Device().synchronize()
     return 0
 
