@@ -8,8 +8,10 @@
 // and every reader go through these functions; quantize_ref.quantize_x_ref is the host twin.
 #pragma once
 
-// Position of block i (0..7) of a whole group.
+// Position of block i (0..7) of a whole group, and the block at position p (its inverse; of any
+// p, its low 3 bits).
 __device__ __forceinline__ int xq_pos8(int i) { return (i & 1) ? 4 + (i >> 1) : (i >> 1); }
+__device__ __forceinline__ int xq_at8(int p) { return ((p & 3) << 1) | ((p >> 2) & 1); }
 
 // Position of block kb of a row of nkb blocks.
 __device__ __forceinline__ int xq_block_pos(int kb, int nkb) {
@@ -17,10 +19,10 @@ __device__ __forceinline__ int xq_block_pos(int kb, int nkb) {
   return g + 8 <= nkb ? g + xq_pos8(kb & 7) : kb;
 }
 
-// Block at position p of a row of nkb blocks (xq_block_pos's inverse: within a whole group a 3-bit
-// rotate left). Q8_0's lanes walk x in stored order and fetch the weight block found here: walked
-// in block order a quarter-warp's 16-byte x loads read two lines, not one (mmvq_rows).
+// Block at position p of a row of nkb blocks (xq_block_pos's inverse). Q8_0's lanes walk x in
+// stored order and fetch the weight block found here: walked in block order a quarter-warp's
+// 16-byte x loads read two lines, not one (mmvq_rows).
 __device__ __forceinline__ int xq_block_at(int p, int nkb) {
   const int g = p & ~7;
-  return g + 8 <= nkb ? g + (((p & 3) << 1) | ((p >> 2) & 1)) : p;
+  return g + 8 <= nkb ? g + xq_at8(p) : p;  // xq_at8 reads p's low 3 bits only
 }
