@@ -89,8 +89,10 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
   // Q8_0's lanes walk x in stored order (unit i meets x block position i / U, its weights block
   // xq_block_at's): its 16-byte x loads then read a line a quarter-warp, where block order reads
   // two. The other 32-element types read x 8 bytes at a time and walk blocks in order (the stored
-  // order measured 2-5% slower on Q5_0 and mixed on Q4_0; Q8_0 7-20% faster: bench/results/s43).
-  constexpr bool XW = TYPE == T_Q8_0;
+  // order measured 2-5% slower on Q5_0; Q8_0 7-20% faster: bench/results/s43), but for Q4_0's
+  // one-column shapes where a warp walks a whole row alone (KW = 1: gate/up, the output), which
+  // gained 15-24% walking that way where its K-split shapes lost 3-12% (s43).
+  constexpr bool XW = TYPE == T_Q8_0 || (TYPE == T_Q4_0 && KW == 1 && NC == 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % KW;
   const int row0 = (bx * (NW / KW) + warp / KW) * R;
   if (KW == 1 && row0 >= nrows) return;  // with KW > 1 every warp must reach __syncthreads

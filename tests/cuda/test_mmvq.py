@@ -105,11 +105,13 @@ def test_float_split_k_is_the_reference(name, rows, K, n, to_device):
 @pytest.mark.parametrize("name", [n for n in NAMES if TYPES[n].is_quantized])
 def test_mmvq_every_config(name, to_device):
     """Every kernel variant the sweep may pick as a default, at a shape that leaves partial
-    row groups and units past the row's end (37 rows of 7 blocks), starting on an odd block."""
+    row groups and units past the row's end (37 rows of 19 blocks: two whole groups of x's
+    stored order, xlayout.cuh, which the walking variants permute, and a partial one), starting
+    on an odd block."""
     qt = TYPES[name]
     mv.add_sweep()
     rng = np.random.default_rng(70 + qt.ggml_id)
-    K = qt.block_elems * 7
+    K = qt.block_elems * 19
     raw = random_blocks(qt, 38, K, rng)
     w = to_device(raw)[1:]  # starts at block 7
     for n, variants in ((1, mv.SWEEP), (8, mv.SWEEP_N)):
@@ -170,7 +172,7 @@ def test_mmvq_rejects_bad_arguments(to_device):
 # ---- the real shapes (Qwen2.5-7B) -----------------------------------------------------------
 
 SHAPES = [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944), (152064, 3584)]
-REAL_TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q5_0"]
+REAL_TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"]  # Q4_0: its walk (mmvq_rows' XW) at the tall / huge shapes
 CHECK_ROWS = 4096  # rows of the 152064-row output checked against the reference
 
 

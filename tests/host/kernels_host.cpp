@@ -151,8 +151,8 @@ template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* x
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < n; ++c) {
       float acc = 0;
-      for (int i = 0; i < nb * Unit::U; ++i) {  // mmvq_rows' walk: Q8_0's in x's stored order
-        const bool xw = T == T_Q8_0;
+      for (int i = 0; i < nb * Unit::U; ++i) {  // mmvq_rows' walk: Q8_0's in x's stored order, and Q4_0's
+        const bool xw = T == T_Q8_0 || T == T_Q4_0;  // as its one-warp-a-row shapes (KW = 1) walk
         const int p = i / Unit::U, b = xw ? xq_block_at(p, nb) : p;
         Unit u; u.fetch(w + r * rb + (long long)b * Unit::BB, i % Unit::U); u.decode();
         const long long xb = xw ? 32LL * p : Unit::QK == 32 ? 32LL * xq_block_pos(b, nb) : (long long)b * Unit::QK;
