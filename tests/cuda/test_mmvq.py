@@ -113,7 +113,7 @@ def test_mmvq_every_config(name, to_device):
     rng = np.random.default_rng(70 + qt.ggml_id)
     K = qt.block_elems * 19
     raw = random_blocks(qt, 38, K, rng)
-    w = to_device(raw)[1:]  # starts at block 7
+    w = to_device(raw)[1:]  # starts at block 19
     for n, variants in ((1, mv.SWEEP), (8, mv.SWEEP_N)):
         x = rng.standard_normal((n, K)).astype(np.float32)
         ref = reference(qt, raw[1:], x)
