@@ -11,6 +11,9 @@ Q4_K_M type mix, random blocks) timed two ways on the device, in turns:
             bare      no waits, no counts, no barrier and fence around them: the loop alone
           each with its items dealt by ticket (atomicAdd) or statically (CTA c takes every
           grid-th item from c), and with the kernel capped at 64 registers (chain8: 8 CTAs an SM)
+  read    the floor under "graph": the same groups' bytes only read (chain.stream_read), one launch a
+          group in a graph with programmatic launch; "early" issues each launch's loads before its
+          wait on the node before; "one" reads the token's bytes from one buffer in one launch
 
 Only the mat-vecs: no norms, attention or x quantization between them (x is quantized once),
 so "graph" is the mat-vecs' share of a token and the gap between the rows is what the structure
@@ -118,8 +121,21 @@ def main(argv=None) -> int:
     print(f"# {name}, {sms} SMs: {args.layers} layers' mat-vecs, {len(groups)} launch groups, {len(ops)} ops, "
           f"{chain.total_items(table)} items, {weight_bytes / 1e9:.2f} GB of weights; "
           f"chain CTAs an SM: {chain.ctas_per_sm(False)} (chain8: {chain.ctas_per_sm(True)})", flush=True)
+    sink = cp.zeros(2, cp.uint32)
+
+    def read_launches(early):
+        def go():
+            for _, _, mats in groups:
+                chain.stream_read([w for w, _ in mats], sink, early)
+        return go
+
     with launch.programmatic(True):
         variants = {"graph": capture(cp, [graph_launches])}
+        if not args.graph_only:
+            flat = cp.empty(weight_bytes, cp.uint8)
+            variants |= {"read wait": capture(cp, [read_launches(False)]),
+                         "read early": capture(cp, [read_launches(True)]),
+                         "read one": capture(cp, [lambda: chain.stream_read([flat], sink)])}
     ref = [o.get() for _, _, mats in groups for _, o in mats]
     combos = () if args.graph_only else itertools.product((False, True), chain.DISPATCH, chain.MODES)
     for capped, dispatch, mode in combos:

@@ -4,6 +4,9 @@ decode kernel win back what a graph of launches loses between matrices?), not a 
 
     table = plan([ChainOp(...), ...])        # host: the ops' items in one ticket order
     run(table_dev, table, mode, ticket, done, grid, dispatch=...)  # device: one launch
+
+and stream_read(ws, sink): a group's weight bytes read and nothing else, one launch, the floor under
+any decode made of one launch per matrix group (chain_probe.py's "read" rows).
 """
 from __future__ import annotations
 
@@ -119,3 +122,27 @@ def run(table_dev, table: np.ndarray, mode: str, ticket, done, grid: int, capped
         raise ValueError(f"chain: static dispatch over {grid} CTAs, more than the {most} the device holds at once")
     _fn(capped)((grid,), (THREADS,), (table_dev, np.int32(len(table)), np.int32(total_items(table)),
                                       np.int32(MODES[mode] | DISPATCH[dispatch]), ticket, done))
+
+
+STREAM_THREADS, STREAM_LOADS = 256, 4  # chain.cu's: a CTA reads 16 KB, 16 bytes a load
+
+
+def stream_read(ws, sink, early: bool = False) -> None:
+    """Read every byte of 1-3 uint8 arrays (16-aligned, C-contiguous; a tail under 16 bytes is
+    skipped) in one launch and do nothing with them. sink: uint32 (2,), sink[0] zero. early: the
+    loads go out before the programmatic wait on the node before (chain.cu says why)."""
+    if not 1 <= len(ws) <= 3:
+        raise ValueError(f"stream_read: 1 to 3 arrays, got {len(ws)}")
+    for i, w in enumerate(ws):
+        if w.dtype != np.uint8 or not w.flags.c_contiguous or w.data.ptr % 16:
+            raise ValueError(f"stream_read: array {i} must be C-contiguous uint8 on a 16-byte boundary")
+    if sink.dtype != np.uint32 or sink.size < 2:
+        raise ValueError("stream_read: sink must be uint32 of >= 2 elements")
+    n16 = [w.nbytes // 16 for w in ws] + [0] * (3 - len(ws))  # absent segments: no CTAs
+    ptrs = list(ws) + [ws[0]] * (3 - len(ws))
+    ctas = [-(-n // (STREAM_THREADS * STREAM_LOADS)) for n in n16]
+    if sum(ctas) < 1 or sum(ctas) >= 1 << 31:
+        raise ValueError(f"stream_read: {sum(ctas)} CTAs")
+    fn = kernel("chain", "stream_read_early" if early else "stream_read_wait")
+    fn((sum(ctas),), (STREAM_THREADS,), (*ptrs, *(np.int64(n) for n in n16), np.int32(ctas[0]),
+                                         np.int32(ctas[0] + ctas[1]), sink))

@@ -1,7 +1,8 @@
 """kernels/chain.cu (bench/chain_probe.py's persistent chain of mat-vecs): every op's output is
 bit-identical to its own mmvq launch (the same mmvq_rows instance over the same CTA index), in
 each mode and with the capped kernel, on a grid far smaller than the items (CTAs come back for
-more) and one larger (ticket dispatch) or as large as the device holds at once (static); the plan refuses what the kernel cannot run."""
+more) and one larger (ticket dispatch) or as large as the device holds at once (static); the plan refuses what the kernel cannot run.
+stream_read (the probe's floor: bytes read and nothing else) reads each segment to its end."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,3 +83,42 @@ def test_plan_refuses_what_the_kernel_cannot_run():
                                   ops[0].scratch, 0)])
     with pytest.raises(ValueError, match="no ops"):
         chain.plan([])
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("sizes", [(40005,), (16 * 1024, 48), (1000 * 16, 7 * 16, 70000 * 16)])
+def test_stream_read_reads_every_segment_to_its_last_word(early, sizes):
+    """stream_read (chain_probe.py's floor) keeps its loads: a thread whose words fold to 1 stores,
+    so a 1 planted in a segment's first or last whole word shows that word was read, and no store
+    comes from zeros; a tail under 16 bytes is skipped, as the launcher says."""
+    ws = [cp.zeros(n, cp.uint8) for n in sizes]
+    sink = cp.zeros(2, cp.uint32)
+    chain.stream_read(ws, sink, early)
+    assert int(sink[1]) == 0
+    for i, w in enumerate(ws):
+        for at in (0, w.nbytes // 16 * 16 - 16):
+            w[at] = 1
+            chain.stream_read(ws, sink, early)
+            assert int(sink[1]) == 1, f"segment {i} of {sizes}: its word at byte {at} was not read"
+            w[at] = 0
+            sink[1] = 0
+        if w.nbytes % 16:
+            w[-1] = 1
+            chain.stream_read(ws, sink, early)
+            assert int(sink[1]) == 0, f"segment {i} of {sizes}: its tail was read"
+            w[-1] = 0
+
+
+def test_stream_read_refuses_what_it_cannot_read():
+    sink = cp.zeros(2, cp.uint32)
+    w = cp.zeros(64, cp.uint8)
+    with pytest.raises(ValueError, match="1 to 3"):
+        chain.stream_read([w] * 4, sink)
+    with pytest.raises(ValueError, match="16-byte"):
+        chain.stream_read([w[1:33]], sink)
+    with pytest.raises(ValueError, match="uint8"):
+        chain.stream_read([cp.zeros(16, cp.float32)], sink)
+    with pytest.raises(ValueError, match="sink"):
+        chain.stream_read([w], cp.zeros(2, cp.int32))
+    with pytest.raises(ValueError, match="CTAs"):
+        chain.stream_read([w[:8]], sink)
