@@ -157,7 +157,7 @@ __device__ __forceinline__ void stream_read(const uint4* __restrict__ W0, const 
 #pragma unroll
   for (int j = 0; j < STREAM_LOADS; ++j) {
     const i64 i = i0 + (i64)j * STREAM_THREADS;
-    v[j] = i < n ? W[i] : make_uint4(0, 0, 0, 0);
+    v[j] = i < n ? ld_ahead16(W + i) : make_uint4(0, 0, 0, 0);  // coherent: EARLY's stay above the wait
   }
   if (EARLY) pdl_enter();
   u32 acc = 0;
