@@ -138,42 +138,48 @@ chain_mmvq_8(const ChainOp* __restrict__ ops, int nops, int total, int mode, int
 // The floor under any launch-per-group decode (chain_probe.py's "read" rows): the same groups' bytes
 // only read, in a graph of one launch a group, by a kernel that does nothing else (16-byte loads,
 // LOADS of them in flight a thread, many short CTAs as CUB's reductions use). Segments as mmvq's
-// (CTAs [0, cta1) read W0, [cta1, cta2) W1, the rest W2; n16* their 16-byte words). EARLY: the
+// (CTAs [0, cta1) read W0, [cta1, cta2) W1, the rest W2; n0-n2 their 16-byte words). stream_read_early: the
 // loads go out before the wait on the node before (weights, which no node writes: pdl.cuh's
 // exception), so a launch's ramp hides behind the previous node's tail. The sum only keeps the
 // loads alive (stored where it almost never is).
 constexpr int STREAM_THREADS = 256, STREAM_LOADS = 4;
-template <bool EARLY>
-__device__ __forceinline__ void stream_read(const uint4* __restrict__ W0, const uint4* __restrict__ W1,
-                                            const uint4* __restrict__ W2, i64 n0, i64 n1, i64 n2, int cta1, int cta2,
-                                            u32* __restrict__ sink) {
-  if (!EARLY) pdl_enter();
+// This CTA's words of its segment into v (zeros past the segment's end).
+__device__ __forceinline__ void stream_load(const uint4* W0, const uint4* W1, const uint4* W2, i64 n0, i64 n1, i64 n2,
+                                            int cta1, int cta2, uint4 (&v)[STREAM_LOADS]) {
   const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
   const uint4* W = seg == 0 ? W0 : (seg == 1 ? W1 : W2);
   const i64 n = seg == 0 ? n0 : (seg == 1 ? n1 : n2);
   const i64 bx = blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2));
   const i64 i0 = bx * STREAM_THREADS * STREAM_LOADS + threadIdx.x;
-  uint4 v[STREAM_LOADS];
 #pragma unroll
   for (int j = 0; j < STREAM_LOADS; ++j) {
     const i64 i = i0 + (i64)j * STREAM_THREADS;
-    v[j] = i < n ? ld_ahead16(W + i) : make_uint4(0, 0, 0, 0);  // coherent: EARLY's stay above the wait
+    v[j] = i < n ? ld_ahead16(W + i) : make_uint4(0, 0, 0, 0);  // coherent: the early kernel's stay above the wait
   }
-  if (EARLY) pdl_enter();
+}
+
+__device__ __forceinline__ void stream_fold(const uint4 (&v)[STREAM_LOADS], u32* __restrict__ sink) {
   u32 acc = 0;
 #pragma unroll
   for (int j = 0; j < STREAM_LOADS; ++j) acc += v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
   if (acc == sink[0] + 1u) sink[1] = acc;  // sink[0] is 0: a store once in ~2^32 threads, every load kept
 }
 
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS)
-stream_read_wait(const uint4* __restrict__ W0, const uint4* __restrict__ W1, const uint4* __restrict__ W2, i64 n0,
-                 i64 n1, i64 n2, int cta1, int cta2, u32* __restrict__ sink) {
-  stream_read<false>(W0, W1, W2, n0, n1, n2, cta1, cta2, sink);
+#define STREAM_PARAMS                                                                                           \
+  const uint4 *__restrict__ W0, const uint4 *__restrict__ W1, const uint4 *__restrict__ W2, i64 n0, i64 n1, i64 n2, \
+      int cta1, int cta2, u32 *__restrict__ sink
+
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS) stream_read_wait(STREAM_PARAMS) {
+  pdl_enter();
+  uint4 v[STREAM_LOADS];
+  stream_load(W0, W1, W2, n0, n1, n2, cta1, cta2, v);
+  stream_fold(v, sink);
 }
 
-extern "C" __global__ void __launch_bounds__(STREAM_THREADS)
-stream_read_early(const uint4* __restrict__ W0, const uint4* __restrict__ W1, const uint4* __restrict__ W2, i64 n0,
-                  i64 n1, i64 n2, int cta1, int cta2, u32* __restrict__ sink) {
-  stream_read<true>(W0, W1, W2, n0, n1, n2, cta1, cta2, sink);
+// Weights only before the wait (pdl.cuh's one exception): no node writes them.
+extern "C" __global__ void __launch_bounds__(STREAM_THREADS) stream_read_early(STREAM_PARAMS) {
+  uint4 v[STREAM_LOADS];
+  stream_load(W0, W1, W2, n0, n1, n2, cta1, cta2, v);
+  pdl_enter();
+  stream_fold(v, sink);
 }
