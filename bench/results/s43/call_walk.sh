@@ -3,11 +3,7 @@
 # first (test_mmvq with it, the run-ahead file with the counts fix), then the mat-vecs alone and the
 # 0.5B's decode step with and without it, in turns (walk / head / walk / head).
 cd "$(dirname "$0")/../../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
-x=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+. bench/device_env.sh
 timeout 200 python3 -m pytest $x -q tests/cuda/test_mmvq.py tests/cuda/test_run_ahead_cuda.py tests/cuda/test_chain.py 2>&1 \
   | grep -v "Warn\|warner" | tail -6 | tee "$OUT/walk-tests.log"
 [ -f /tmp/q05b.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 0.5b --quant q4_k_m --random-blocks /tmp/q05b.gguf

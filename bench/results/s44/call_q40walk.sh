@@ -3,11 +3,7 @@
 # (bench/results/s44/q40walk.patch is that change, applied in the tree that travels). Its tests first, then
 # the mat-vecs alone and a Q4_0 7B's and 0.5B's decode step with and without it, in turns.
 cd "$(dirname "$0")/../../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
-x=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+. bench/device_env.sh
 timeout 150 python3 -m pytest $x -q tests/cuda/test_mmvq.py -k "Q4_0" 2>&1 | grep -v "Warn\|warner" | tail -4 | tee "$OUT/walk-tests.log"
 [ -f /tmp/q7b40.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 7b --quant q4_0 --random-blocks /tmp/q7b40.gguf
 [ -f /tmp/q05b40.gguf ] || python3 -m minferd.cli synth --arch qwen2 --preset 0.5b --quant q4_0 --random-blocks /tmp/q05b40.gguf

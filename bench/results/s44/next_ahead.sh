@@ -6,11 +6,7 @@
 # (ahead / head / ahead / head), 7B (W16) and 0.5B (MMQ); then the chain probe's floor rows.
 # One call, ~5 min on a warm cache (carry .whl and .devcarry).
 cd "$(dirname "$0")/../../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
-x=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+. bench/device_env.sh
 git apply bench/results/s44/norm_ahead.patch
 timeout 150 python3 -m pytest $x -q tests/cuda/test_fused_ops.py tests/cuda/test_chain.py 2>&1 | grep -v "Warn\|warner" \
   | tail -4 | tee "$OUT/ahead-tests.log"

@@ -5,10 +5,7 @@
 # bucket walking too (q40walk_nc2.patch, applied and reverted in turns: nc2 / head / nc2 / head).
 # One call, ~4 min on a warm cache (carry .whl and .devcarry).
 cd "$(dirname "$0")/../../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.devcarry/cupy_cache
+. bench/device_env.sh
 timeout 200 python3 bench/kernels.py --types Q4_0 --models 7b,0.5b --ns 1 --no-dequant --sweep 2>&1 | grep -v Warn \
   | tee "$OUT/q40-sweep.log" | tail -20
 for v in nc2 head nc2 head; do
