@@ -1,4 +1,5 @@
 """minferctl as a person runs it: a real process against a real `minferd serve` on a real unix socket."""
+import contextlib
 import json
 import signal
 import subprocess
@@ -98,6 +99,19 @@ def test_prompt_ids_tokenize_detokenize(q):
     assert isinstance(text, str) and text
 
 
+@contextlib.contextmanager
+def sigint_at_default():
+    """A child spawned inside starts with SIGINT at its default, as a command typed at a terminal
+    does. A suite started as a background job (`pytest ... &`, nohup) runs with SIGINT ignored and
+    its children inherit that; minferctl then rightly ignores the test's SIGINT too, and the test
+    hung to its deadline (session 45, three times out of three)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_ctrl_c_cancels_generate_and_frees_the_model(daemon):
     """It failed under load: 1500 tokens of the 2048-token model took 5 s (282 tok/s), so a test
     process stalled that long between the first text and its SIGINT saw the generation finish
@@ -110,9 +124,10 @@ def test_ctrl_c_cancels_generate_and_frees_the_model(daemon):
     c = Client(daemon.address, timeout=30)
     want = LONG_CTX - 100
     try:
-        p = subprocess.Popen([sys.executable, "-m", "minferd.ctl", "--address", daemon.address, "generate", "long",
-                              "Hello", "--max-tokens", str(want), "--temperature", "0.8", "--seed", "5"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with sigint_at_default():
+            p = subprocess.Popen([sys.executable, "-m", "minferd.ctl", "--address", daemon.address, "generate", "long",
+                                  "Hello", "--max-tokens", str(want), "--temperature", "0.8", "--seed", "5"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert p.stdout.read(1), "no text before the end: not streamed"
         assert p.poll() is None
         p.send_signal(signal.SIGINT)
