@@ -69,7 +69,7 @@ __device__ __forceinline__ void norm_w_ahead(const float* __restrict__ w, int di
 #pragma unroll
     for (int r = 0; r < NORM_W; ++r) {
         const int kb = warp + r * stride;
-        wv[r] = kb < dim / 32 ? __ldg(w + kb * 32 + lane) : 0.0f;
+        wv[r] = kb < dim / 32 ? ld_ahead(w + kb * 32 + lane) : 0.0f;  // coherent: above the wait (pdl.cuh)
     }
 }
 

@@ -7,7 +7,7 @@
 // only as a coherent load (ld_ahead16) or a prefetch: ptxas schedules griddepcontrol.wait (SASS
 // ACQBULK) above every non-coherent load (__ldg, a const __restrict__ pointer's, ld.global.nc)
 // whatever the source order, and keeps it below plain loads and prefetches (bench/NOTES.md s44:
-// so norm.cu's norm_w_ahead, which reads through __ldg, waits first today; mat-vec weights read
+// norm.cu's norm_w_ahead read through __ldg and so waited first until s45; mat-vec weights read
 // early measured no gain in s18 and s24, perhaps for the same reason).
 // Launched the ordinary way (eagerly, or below sm_90) both instructions are no-ops.
 #pragma once
@@ -17,6 +17,13 @@
 __device__ __forceinline__ uint4 ld_ahead16(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The same for one float (a norm's weights, a lane a value).
+__device__ __forceinline__ float ld_ahead(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
 
