@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran in session 45 (call 1, bench/results/s45/call1-*); norm_ahead.patch has landed since, so its git apply now fails.
 # For a later session (not run in 44): norm.cu's norm_w_ahead meant its weights to be read before
 # the programmatic wait, but its __ldg loads are non-coherent and ptxas puts the wait (ACQBULK)
 # above them (pdl.cuh). norm_ahead.patch reads them coherently (ld_ahead: the 8 LDG.E above
