@@ -3,9 +3,9 @@
 # arithmetic, is most of what separates mmvq from the stream reader's 1.509). (1) The 7B's mat-vec
 # graph in turns: base / loads (mmvq_loads_only.patch) / nohdr (the same, and Q4_K units skip their
 # 16-byte header load: mmvq_loads_nohdr.patch; in SASS the (4, 2, 2, 1) loop's weight loads 12 -> 6,
-# its trips unrolled 3 deep in both) / contig (no header either, and Q4_K unit i reads the row's
-# 16-byte word i: a warp's lanes on 512 consecutive bytes, as the stream reader's; the same bytes
-# as nohdr, 112 of a 3584-wide row's 126 words: mmvq_loads_contig.patch). (2) Which mmvq geometry streams best with no arithmetic:
+# its trips unrolled 3 deep in both) / contig (a Q4_K row read as its 9 16-byte words a block,
+# headers among them, a warp's lanes on 512 consecutive bytes as the stream reader's: every byte
+# of the row once, the same bytes as base and loads; mmvq_loads_contig.patch). (2) Which mmvq geometry streams best with no arithmetic:
 # base (default configs, arithmetic on), then every SWEEP config under the loads-only patch, at
 # the 7B's Q4_K / Q6_K shapes (bench/kernels.py, n = 1). ~3 min on the carried cache.
 cd "$(dirname "$0")/../../.."
