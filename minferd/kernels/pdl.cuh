@@ -4,7 +4,7 @@
 // it waits until the previous node has completed and its writes are visible, and only then lets
 // the next node start launching. A kernel that read or wrote anything before it would race, with
 // one exception: model weights, which no node of a graph writes. Such a read goes before the wait
-// only as a coherent load (ld_ahead16) or a prefetch: ptxas schedules griddepcontrol.wait (SASS
+// only as a coherent load (ld_ahead16, ld_ahead) or a prefetch: ptxas schedules griddepcontrol.wait (SASS
 // ACQBULK) above every non-coherent load (__ldg, a const __restrict__ pointer's, ld.global.nc)
 // whatever the source order, and keeps it below plain loads and prefetches (bench/NOTES.md s44:
 // norm.cu's norm_w_ahead read through __ldg and so waited first until s45; mat-vec weights read
