@@ -2,7 +2,10 @@
 Q4_K_M type mix, random blocks) timed two ways on the device, in turns:
 
   graph   what a decode token runs today: one mmvq launch per matrix group (q/k/v, o, gate/up,
-          down; the output), captured in a CUDA graph with programmatic dependent launch
+          down; the output), captured in a CUDA graph with programmatic dependent launch, each in
+          the unit the decode takes (cuda_matmul.wide_unit: Q6_K's wide unit on the output, and
+          Q4_K's word walk with MINFERD_PENDING=q4k_words; the chain rows keep the default units, so
+          their outputs then differ from the graph's in the last bits)
   chain   the same mmvq_rows work as ONE persistent launch (kernels/chain.cu): CTAs take items in
           graph order and wait, per item, until the group it reads has finished
             wait      the dependencies kept (what a real decode kernel must do)
@@ -82,6 +85,7 @@ def main(argv=None) -> int:
         ap.error("--layers 1..28, --reps 1..1000, --rounds 1..20")
     import cupy as cp
 
+    from minferd.backend.cuda_matmul import wide_unit
     from minferd.kernels import chain, launch
     from minferd.kernels import mmvq as mv
 
@@ -99,7 +103,8 @@ def main(argv=None) -> int:
     def graph_launches():
         for t, K, mats in groups:
             x, s = scratch[K]
-            mv.mmvq_group(t, [w for w, _ in mats], x, [o for _, o in mats], scratch=s, x_quantized=True)
+            mv.mmvq_group(t, [w for w, _ in mats], x, [o for _, o in mats], scratch=s, x_quantized=True,
+                          wide=wide_unit(mv.TYPES[t], K, 1))
 
     ops, cnt = [], 0
     for t, K, mats in groups:
