@@ -29,8 +29,8 @@ for i in 1 2; do
   timeout 60 python3 bench/kernels.py --types Q4_K --models 7b --ns 1 --no-dequant --wide 2>&1 | grep -E "^mmvq|^  wide" >> "$OUT/words-ab.log"
 done
 cat "$OUT/words-ab.log"
-[ $((SECONDS - t0)) -lt 380 ] && timeout 120 python3 bench/kernels.py --types Q4_K --models 7b --ns 1 --no-dequant --wide-sweep 2>&1 \
+[ $((SECONDS - t0)) -lt ${SWEEP_BEFORE:-300} ] && timeout 120 python3 bench/kernels.py --types Q4_K --models 7b --ns 1 --no-dequant --wide-sweep 2>&1 \
   | grep -v Warn > "$OUT/words-sweep.log" && tail -30 "$OUT/words-sweep.log"
-[ $((SECONDS - t0)) -lt 470 ] && MINFERD_PENDING=q4k_words timeout 90 python3 bench/chain_probe.py --rounds 3 2>&1 | grep -v Warn \
+[ $((SECONDS - t0)) -lt ${CHAIN_BEFORE:-360} ] && MINFERD_PENDING=q4k_words timeout 90 python3 bench/chain_probe.py --rounds 3 2>&1 | grep -v Warn \
   | tee "$OUT/words-chain.log" | grep -E "^#|graph|read|free|bare"
 tar -C "$CUPY_CACHE_DIR" -czf "$OUT/cupy_cache.tgz" . 2>/dev/null
