@@ -3,9 +3,9 @@ Q4_K_M type mix, random blocks) timed two ways on the device, in turns:
 
   graph   what a decode token runs today: one mmvq launch per matrix group (q/k/v, o, gate/up,
           down; the output), captured in a CUDA graph with programmatic dependent launch, each in
-          the unit the decode takes (cuda_matmul.wide_unit: Q6_K's wide unit on the output, and
-          Q4_K's word walk with MINFERD_PENDING=q4k_words; the chain rows keep the default units, so
-          their outputs then differ from the graph's in the last bits)
+          the unit the decode takes (cuda_matmul.wide_unit: Q6_K's wide unit on the output; the
+          chain rows keep the default units, so their outputs differ from the graph's in the last
+          bits there)
   chain   the same mmvq_rows work as ONE persistent launch (kernels/chain.cu): CTAs take items in
           graph order and wait, per item, until the group it reads has finished
             wait      the dependencies kept (what a real decode kernel must do)

@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates, pending
+from minferd.backend import gates
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -45,15 +45,12 @@ GRAPH_TILE_MIN_ROWS = 2048
 
 # One-column mat-vecs in the type's wide unit (mmvq.WIDE_UNITS) up to this K. Q6_K in 16-position
 # units (UQ6_K16): on the H200 (s21 call 1) 6-8% faster at K = 3584 (the 7B's output 164.6 ->
-# 151.5-154.8 us), 3% slower at 18944. Not at 2-8 columns: its n = 8 instance spills. Q4_K walked
-# by 16-byte words: the pending path q4k_words, at every K until a device has timed it.
-WIDE_MAX_K = {"Q6_K": 4096, "Q4_K": 1 << 30}
+# 151.5-154.8 us), 3% slower at 18944. Not at 2-8 columns: its n = 8 instance spills.
+WIDE_MAX_K = {"Q6_K": 4096}
 
 
 def wide_unit(qt, K: int, n: int) -> bool:
     """Whether a mat-vec of n columns and row length K runs in qt's wide unit."""
-    if qt.name == "Q4_K" and not pending.ready("q4k_words"):
-        return False
     return n == 1 and K <= WIDE_MAX_K.get(qt.name, 0)
 
 

@@ -71,13 +71,11 @@ from minferd.config import valve
 # byte stream, planned from a first capture's launch order); its tests passed on an H100 bar one test
 # bug, and it lost at every distance (7B decode 2.598 / 2.593 ms a token off, 2.740 / 2.738 at 16 MB,
 # 2.789 at 8, 2.893 at 32; the 0.5B 0.726 -> 0.738): it went (bench/results/s40/l2_ahead.patch, NOTES).
-# Session 46 wrote q4k_words (Q4_K's one-column mat-vec walked by 16-byte words: a warp's loads on
-# 512 consecutive bytes, the block headers shuffled between lanes; s45 had measured the unit walk's
-# loads alone 26% slower than a plain reader of the same bytes) while no device would start.
-PATHS: dict[str, str] = {
-    "q4k_words": "Q4_K's decode mat-vec walked by 16-byte words (mmvq_words.cuh, mmvq.py WIDE_UNITS): "
-                 "test_mmvq.py test_wide_unit_is_the_reference, test_engine_cuda.py test_wide_units_decode_the_same",
-}
+# Session 46 wrote q4k_words (Q4_K's one-column mat-vec walked by 16-byte words, a warp's loads on
+# 512 consecutive bytes, block headers shuffled between lanes), saw its 34 tests pass on an H100 and
+# lose (7B decode 2.512 / 2.516 -> 2.690 / 2.696 ms a token in turns; its kernels 15-17% slower on
+# gate/up and down): it went (bench/results/s46/q4k_words.patch, NOTES).
+PATHS: dict[str, str] = {}
 
 
 def _run_anyway() -> set[str]:

@@ -37,7 +37,7 @@
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmvq.py, in f64).
 #include "pdl.cuh"
-#include "mmvq_words.cuh"
+#include "mmvq_units_k.cuh"
 #include "xquant.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -76,8 +76,7 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // units between them (KW > 1 gives short rows and few-row matrices more loads in flight)
 // and add up through shared memory. Per step a lane fetches UNR units of each of its R rows
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
-// compiler keeps them together), then decodes and multiplies the valid ones; kernel id
-// T_Q4_K_WORDS walks Q4_K's rows by 16-byte words instead (mmvq_words.cuh). This is one CTA's
+// compiler keeps them together), then decodes and multiplies the valid ones. This is one CTA's
 // share (bx: its index among the CTAs of its matrix), which mmvq and mmvq_ids both run.
 template <int TYPE, int NC, int NW, int KW, int R, int UNR>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
@@ -107,37 +106,33 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = W + (i64)min(row0 + r, nrows - 1) * row_bytes;  // tail rows: redo the last, discard
 
-  if constexpr (TYPE == T_Q4_K_WORDS) {
-    q4k_word_dots<NC, KW, R, UNR>(acc, rowp, nb, lane, kw, xq, xds, K, kbp, ncols);
-  } else {
-    for (int i0 = kw * 32 + lane; i0 < nunits; i0 += STEP * UNR) {
-      Unit w[UNR][R];
+  for (int i0 = kw * 32 + lane; i0 < nunits; i0 += STEP * UNR) {
+    Unit w[UNR][R];
 #pragma unroll
-      for (int k = 0; k < UNR; ++k) {
-        const int i = min(i0 + STEP * k, nunits - 1);  // past the end: refetch the last unit (an L1 hit)
-        const int b = XW ? xq_block_at(i / U, nb) : i / U;
+    for (int k = 0; k < UNR; ++k) {
+      const int i = min(i0 + STEP * k, nunits - 1);  // past the end: refetch the last unit (an L1 hit)
+      const int b = XW ? xq_block_at(i / U, nb) : i / U;
 #pragma unroll
-        for (int r = 0; r < R; ++r) w[k][r].fetch(rowp[r] + (i64)b * BB, i % U);
-      }
+      for (int r = 0; r < R; ++r) w[k][r].fetch(rowp[r] + (i64)b * BB, i % U);
+    }
 #pragma unroll
-      for (int k = 0; k < UNR; ++k) {
-        const int i = i0 + STEP * k;
-        if (i < nunits) {
-          const int p = i / U, b = XW ? xq_block_at(p, nb) : p;
+    for (int k = 0; k < UNR; ++k) {
+      const int i = i0 + STEP * k;
+      if (i < nunits) {
+        const int p = i / U, b = XW ? xq_block_at(p, nb) : p;
 #pragma unroll
-          for (int r = 0; r < R; ++r) w[k][r].decode();
+        for (int r = 0; r < R; ++r) w[k][r].decode();
 #pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            if (c < ncols) {
-              // a 32-element type's x block where quantize_x put it; a 256-element block's group of 8
-              // x blocks is whole, its units find their own (xq_pos8)
-              const i8* xqc = xq + (i64)c * 2 * K +
-                              (XW ? 32 * (i64)p : QK == 32 ? 32 * (i64)xq_block_pos(b, K >> 5) : (i64)b * QK);
-              const float2* xdc = xds + (i64)c * kbp + b * (QK / 32);
-              const auto xv = w[k][0].xload(xqc, K, xdc);  // unit position is the same in every row
+        for (int c = 0; c < NC; ++c) {
+          if (c < ncols) {
+            // a 32-element type's x block where quantize_x put it; a 256-element block's group of 8
+            // x blocks is whole, its units find their own (xq_pos8)
+            const i8* xqc = xq + (i64)c * 2 * K +
+                            (XW ? 32 * (i64)p : QK == 32 ? 32 * (i64)xq_block_pos(b, K >> 5) : (i64)b * QK);
+            const float2* xdc = xds + (i64)c * kbp + b * (QK / 32);
+            const auto xv = w[k][0].xload(xqc, K, xdc);  // unit position is the same in every row
 #pragma unroll
-              for (int r = 0; r < R; ++r) acc[r][c] += w[k][r].dot(xv);
-            }
+            for (int r = 0; r < R; ++r) acc[r][c] += w[k][r].dot(xv);
           }
         }
       }

@@ -45,11 +45,10 @@ def bucket(n: int) -> int:
     raise ValueError(f"mmvq: batch of {n} columns, at most {MAX_COLS}")
 
 
-# A launch's wide unit (cuda_matmul.WIDE_MAX_K says where): another walk of the type's rows, the
-# same products summed in another order. Q6_K: 16 positions a lane (UQ6_K16). Q4_K: a warp's loads
-# on 512 consecutive bytes (mmvq_words.cuh, the pending path q4k_words). Q4_K's whole 32-byte run
-# a lane (session 35) lost: 7B decode 402.7 -> 376.2 tok/s (bench/NOTES.md, session 36).
-WIDE_UNITS = {"Q6_K": 114, "Q4_K": 112}
+# A launch's wide unit (cuda_matmul.WIDE_MAX_K says where): more weights a lane than the type's
+# default unit, the same products summed in another order. Q6_K: 16 positions (UQ6_K16). Q4_K's
+# whole 32-byte run (session 35) lost: 7B decode 402.7 -> 376.2 tok/s (bench/NOTES.md, session 36).
+WIDE_UNITS = {"Q6_K": 114}
 
 
 def kernel_name(qt: QuantType, nc: int, cfg: Config, wide: bool = False) -> str:
@@ -85,7 +84,7 @@ def names() -> tuple[str, ...]:
     names = []  # quantize_x is extern "C": looked up by its plain name
     for name in QUANT_TYPES:
         names += [kernel_name(TYPES[name], nc, cfg) for nc in NC_BUCKETS for cfg in CONFIGS[name][nc].values()]
-        if name in WIDE_UNITS:  # one column only (cuda_matmul.wide_unit)
+        if name in WIDE_UNITS:  # one column only (cuda_matmul._wide)
             names += [kernel_name(TYPES[name], 1, cfg, True) for cfg in CONFIGS[name][1].values()]
         names += [_ids_name(TYPES[name], IDS_CONFIGS[name][c]) for c in IDS_CLASSES]
     for name in FLOAT_TYPES:

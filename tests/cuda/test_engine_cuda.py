@@ -211,12 +211,10 @@ def test_graph_tiles_decode_the_same(synth_model, arch, quant, B, monkeypatch):
 
 @pytest.mark.parametrize("quant,B", [("q6_k", 1), ("q6_k", 4), ("q4_k_m", 1)])
 def test_wide_units_decode_the_same(synth_model, quant, B, monkeypatch):
-    """A decode graph whose one-column Q6_K and Q4_K mat-vecs run in the wide unit (cuda_matmul's
-    WIDE_MAX_K; Q4_K's is the pending q4k_words, switched on here) against the default unit: the
-    same products summed in another order, so the logits agree within the paths' tolerance and
-    pick the same greedy tokens."""
-    from minferd.backend import cuda_matmul, pending
-    monkeypatch.setattr(pending, "WAITING", set())
+    """A decode graph whose one-column Q6_K mat-vecs run in the wide unit (cuda_matmul's
+    WIDE_MAX_K) against the default unit: the same products summed in another order, so the
+    logits agree within the paths' tolerance and pick the same greedy tokens."""
+    from minferd.backend import cuda_matmul
     outs = []
     for max_k in ({}, cuda_matmul.WIDE_MAX_K):
         monkeypatch.setattr(cuda_matmul, "WIDE_MAX_K", max_k)

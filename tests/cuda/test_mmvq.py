@@ -61,7 +61,7 @@ def test_mmvq_long_rows(name, to_device):
 @pytest.mark.parametrize("rows,K", [(67, 256 * 7), (512, 3584), (3584, 3584), (3584, 18944), (18944, 3584)])
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_wide_unit_is_the_reference(name, rows, K, n, to_device):
-    """The type's wide unit (Q6_K's 16 positions, Q4_K's word walk) in each shape class's config, the tensor at an
+    """The type's wide unit (Q6_K's 16 positions) in each shape class's config, the tensor at an
     even and at an odd block (every block's alignment flips), against the f64 reference and within
     1e-5 of the default unit: the same products summed in another order."""
     qt = TYPES[name]

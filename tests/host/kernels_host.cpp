@@ -59,8 +59,6 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 static inline int __shfl_xor_sync(unsigned, int v, int) { return v; }
-static inline unsigned __shfl_sync(unsigned, unsigned v, int) { return v; }  // compiled, never run: q4k_words_row shuffles by hand
-static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
 #include "dequant.cu"
@@ -145,28 +143,6 @@ template <int T> static void sdec_rows(const u8* w, int rows, int K, float* out)
       else SDec<T>::dec8(row + (e0 / Blk<T>::QK) * Blk<T>::BB, e0 % Blk<T>::QK, out + (long long)r * K + e0);
     }
 }
-// Serial twin of mmvq_words.cuh's Q4_K walk, one warp a row (KW = 1): each load's 32 lanes,
-// every unit's header taken from the lane Q4KWord names (the kernel's shuffle) or its own load.
-static float q4k_words_row(const u8* row, int nb, const i8* xq, const float2* xds, int K) {
-  const int nwords = 9 * nb;
-  float acc = 0;
-  for (int w0 = 0; w0 < nwords; w0 += 32) {
-    uint4 v[32], hx[32];
-    for (int l = 0; l < 32; ++l) {
-      const Q4KWord at(w0, l, nwords);
-      v[l] = ldw128(row + 16LL * at.w);
-      hx[l] = ldw128_if(row + 144LL * at.b, at.hsrc < 0);
-    }
-    for (int l = 0; l < 32; ++l) {
-      const Q4KWord at(w0, l, nwords);
-      if (!at.unit()) continue;
-      UQ4_K u = at.unit_of(v[l], v[std::max(at.hsrc, 0)], hx[l]);
-      u.decode();
-      acc += u.dot(u.xload(xq + 256LL * at.b, K, xds + 8LL * at.b));
-    }
-  }
-  return acc;
-}
 // Serial twin of the mmvq kernel loop (per row: every unit, walked as the kernel walks them), n columns.
 template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* xq, const float2* xds, int kbp, int n, float* out) {
   typedef typename UnitOf<T>::T Unit;
@@ -175,10 +151,6 @@ template <int T> static void mmvq_rows(const u8* w, int rows, int K, const i8* x
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < n; ++c) {
       float acc = 0;
-      if constexpr (T == T_Q4_K_WORDS) {
-        out[(long long)c * rows + r] = q4k_words_row(w + r * rb, nb, xq + (long long)c * 2 * K, xds + (long long)c * kbp, K);
-        continue;
-      }
       for (int i = 0; i < nb * Unit::U; ++i) {  // mmvq_rows' walk: Q8_0's in x's stored order, and Q4_0's
         const bool xw = T == T_Q8_0 || T == T_Q4_0;  // as its one-warp-a-row shapes (KW = 1) walk
         const int p = i / Unit::U, b = xw ? xq_block_at(p, nb) : p;
@@ -227,7 +199,7 @@ extern "C" int mv(int t, const u8* w, int rows, int K, const i8* xq, const float
   misaligned = 0;
   switch (t) {
 #define M(T) case T: mmvq_rows<T>(w, rows, K, xq, xds, kbp, n, out); return misaligned ? 2 : 0;
-    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14) M(20) M(23) M(39) M(112) M(114)
+    M(2) M(3) M(6) M(7) M(8) M(10) M(11) M(12) M(13) M(14) M(20) M(23) M(39) M(114)
   }
   return 1;
 }
