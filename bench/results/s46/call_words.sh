@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on a tree with bench/results/s46/q4k_words.patch applied (the path went after this call).
 # Session 46: the pending path q4k_words (Q4_K's one-column mat-vec walked by 16-byte words,
 # mmvq_words.cuh: a warp's load is 512 consecutive bytes, headers shuffled from the lane holding
 # them) against the unit walk. Its tests first, then in turns default / q4k_words / default /

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on a tree with bench/results/s46/q4k_words.patch applied (the path went after this call).
 # Session 46, after call 1 (the word walk lost: 7B decode 2.512 / 2.516 -> 2.690 / 2.696 ms a token).
 # (1) Is it the header shuffles? words_hdrload.patch: every lane loads its block's header (the unit
 # walk's header pattern) beside its contiguous word, no shuffle. The Q4_K kernels at the 7B's
