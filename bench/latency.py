@@ -7,7 +7,9 @@ a real daemon and gRPC, beside llama.cpp on the same file in the same run.
 MODEL is a GGUF path or a packaged name (gemma3-270m). The daemon (minferd.spawn, a private unix
 socket) loads it with ctx = the longest prompt + gen. Each TTFT sample is a streaming Generate of
 fresh random token ids (nothing shared through the prefix cache), max_tokens 1, from the call to
-its first event; the median of --reps after one warm-up per length. Decode: requests of
+its first event; the median of --reps after one warm-up per length. Each length is timed both ways
+a client may send it, in turns: a Generate call of its own ("call") and a request on an open
+Session stream ("session", what minferd.Client sends), which skips gRPC's call setup. Decode: requests of
 gen-tokens after a 16-token prompt, tokens per second between the first and last token (one that
 stops at an end-of-generation token before half of them is asked again).
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import serve  # noqa: E402  (bench/serve.py: its channel and streaming Generate)
 from minferd._proto import pb2, pb2_grpc  # noqa: E402
+from minferd.client_session import Session  # noqa: E402
 from minferd.config import KV_BLOCK_TOKENS  # noqa: E402
 
 
@@ -52,18 +55,25 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
         stub = pb2_grpc.MinferdStub(ch)
         list(stub.LoadModel(pb2.LoadModelRequest(name=serve.MODEL_NAME, path=model.name, ctx=ctx, pinned=True,
                                                  keep_alive_seconds=-1.0), timeout=600))
-        ttft = {}
+        ttft, session = {}, Session(stub, pb2, ())
         for n in lengths:
-            samples, engine = [], []
+            samples, engine, on_session, session_engine = [], [], [], []
             for rep in range(args.reps + 1):  # the first warms this length's shapes up (compiles, graphs)
                 ms, engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens)
+                session_ms, session_engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens,
+                                                               session)
                 if rep:
                     samples.append(ms)
                     engine.append(engine_ms)
+                    on_session.append(session_ms)
+                    session_engine.append(session_engine_ms)
             # engine_ms: the daemon's own prefill_ms (request queued -> first token sampled); the
             # rest of the TTFT is gRPC and the threads' hand-offs.
             ttft[n] = {"median_ms": statistics.median(samples), "samples_ms": samples,
-                       "engine_median_ms": statistics.median(engine)}
+                       "engine_median_ms": statistics.median(engine),
+                       "session_median_ms": statistics.median(on_session), "session_samples_ms": on_session,
+                       "session_engine_median_ms": statistics.median(session_engine)}
+        session.close()
         serve.generate(stub, rand(16), args.gen_tokens, args.timeout)  # warm-up
         rates, tries = [], 0
         while len(rates) < args.reps and tries < 10 * args.reps:
@@ -87,20 +97,28 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
         tmp.cleanup()
 
 
-def first_token_ms(stub, ids: list[int], timeout: float, max_tokens: int = 1) -> float:
+def first_token_ms(stub, ids: list[int], timeout: float, max_tokens: int = 1, session=None) -> float:
     """A streaming Generate of max_tokens (1: nothing runs after the first token; more: a chat's
-    stream, whose next steps start while the first token travels): from the call to its first
-    event, which carries the sampled token, or says the request ended because that token ends a
-    generation (random ids make a model say "end" now and then: the prefill and the sampling were
-    done all the same)."""
+    stream, whose next steps start while the first token travels), as a call of its own or on
+    `session`: from the call (the request's send) to its first event, which carries the sampled
+    token, or says the request ended because that token ends a generation (random ids make a model
+    say "end" now and then: the prefill and the sampling were done all the same)."""
     req = pb2.GenerateRequest(model=serve.MODEL_NAME, ids=pb2.TokenIds(ids=ids),
                               sampling=pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    t0, first, engine_ms = time.perf_counter(), None, float("nan")
-    for ev in stub.Generate(req, timeout=timeout):
-        first = first or time.perf_counter()
+    first, engine_ms = [], float("nan")
+
+    def take(ev):
+        nonlocal engine_ms
+        first.append(time.perf_counter())
         if ev.HasField("timings"):
             engine_ms = ev.timings.prefill_ms
-    return (first - t0) * 1e3, engine_ms
+    t0 = time.perf_counter()
+    if session is not None:
+        session.run("generate", req, take)
+    else:
+        for ev in stub.Generate(req, timeout=timeout):
+            take(ev)
+    return (first[0] - t0) * 1e3, engine_ms
 
 
 def llama_bench_side(binary: str, model: Path, args, lengths: list[int]) -> dict:
@@ -150,12 +168,15 @@ def table(res: dict) -> str:
     lines = [f"minferd latency: {res['model']} on {ours['device']} (ctx {ours['ctx']}, the pool's plan: "
              f"{ours.get('matmul_path', '?')}), medians of {res['reps']}",
              f"llama.cpp: {ref['how'] if ref else 'not run'}",
-             f"{'prompt':>8} {'TTFT ms':>10} {'engine ms':>10} {'llama ms':>10} {'ratio':>7}"]
+             f"{'prompt':>8} {'TTFT ms':>10} {'engine ms':>10} {'llama ms':>10} {'ratio':>7} "
+             f"{'session ms':>10} {'engine ms':>10} {'ratio':>7}"]
     for n, t in ours["ttft"].items():
         r = ref["ttft"].get(n) if ref else None
+        r_ms = r["median_ms"] if r else float("nan")
+        s_ms = t.get("session_median_ms", float("nan"))
         lines.append(f"{n:>8} {t['median_ms']:>10.2f} {t.get('engine_median_ms', float('nan')):>10.2f} "
-                     f"{r['median_ms'] if r else float('nan'):>10.2f} "
-                     f"{t['median_ms'] / r['median_ms'] if r else float('nan'):>7.2f}")
+                     f"{r_ms:>10.2f} {t['median_ms'] / r_ms:>7.2f} {s_ms:>10.2f} "
+                     f"{t.get('session_engine_median_ms', float('nan')):>10.2f} {s_ms / r_ms:>7.2f}")
     d_ref = ref["decode_tok_s"] if ref and ref["decode_tok_s"] else float("nan")
     lines.append(f"decode tg{res['gen_tokens']}: {ours['decode_tok_s']:.1f} tok/s, llama.cpp {d_ref:.1f} "
                  f"({ours['decode_tok_s'] / d_ref:.2f}x)")

@@ -4,7 +4,8 @@ grpc's thread-pool server and through grpc.aio's, its message made in the handle
 a worker thread the handler hands the request to and waits on ("engine": minferd's path, where the
 model's thread makes the token; "engine_tail": that thread then runs --tail-us of Python, as the
 engine's bookkeeping after a first token holds the GIL the handler needs), beside a bare wake of a
-sleeping thread by a queue.
+sleeping thread by a queue. Each also on an open bidi stream carrying one request after another
+(minferd's Session), which skips gRPC's call setup.
 
     python bench/rpc_hops.py [--reps 2000] [--json OUT]
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import serve  # noqa: E402  (bench/serve.py: minferd's client channel)
 
 METHOD = "/hops.Hops/Stream"
+SESSION = "/hops.Hops/Session"
 
 
 class Engine:
@@ -66,7 +68,13 @@ def sync_server(address: str, engine: Engine | None) -> grpc.Server:
         engine.inbox.put(box.put)
         yield box.get()
 
-    handler = grpc.method_handlers_generic_handler("hops.Hops", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})
+    def session(requests, ctx):
+        for req in requests:
+            yield from stream(req, ctx)
+
+    handler = grpc.method_handlers_generic_handler("hops.Hops", {
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Session": grpc.stream_stream_rpc_method_handler(session)})
     server = grpc.server(futures.ThreadPoolExecutor(8), handlers=[handler])
     server.add_insecure_port(address)
     server.start()
@@ -101,7 +109,14 @@ class AioServer:
             engine.inbox.put(lambda msg: loop.call_soon_threadsafe(fut.set_result, msg))
             yield await fut
 
-        handler = grpc.method_handlers_generic_handler("hops.Hops", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})
+        async def session(requests, ctx):
+            async for req in requests:
+                async for msg in stream(req, ctx):
+                    yield msg
+
+        handler = grpc.method_handlers_generic_handler("hops.Hops", {
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+            "Session": grpc.stream_stream_rpc_method_handler(session)})
         self.server = grpc.aio.server(handlers=[handler])
         self.server.add_insecure_port(self.address)
         await self.server.start()
@@ -112,16 +127,26 @@ class AioServer:
         self.thread.join(30)
 
 
-def first_message_ms(address: str, reps: int) -> float:
+def first_message_ms(address: str, reps: int, on_session: bool = False) -> float:
+    """A call of its own a request, or (on_session) requests in turn on one open bidi stream, as
+    minferd's Session: the request's message fed through a queue to grpc's sending thread."""
     ch = serve.channel(address)
-    call = ch.unary_stream(METHOD)
+    if on_session:
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        replies = ch.stream_stream(SESSION)(iter(requests.get, None))
+        send = lambda: (requests.put(b"r"), next(replies))  # noqa: E731
+    else:
+        call = ch.unary_stream(METHOD)
+        send = lambda: next(iter(call(b"r", timeout=30)))  # noqa: E731
     samples = []
     for i in range(reps + reps // 10):
         time.sleep(0.001)  # every thread asleep again, as between a client's requests
         t = time.perf_counter()
-        next(iter(call(b"r", timeout=30)))
+        send()
         if i >= reps // 10:
             samples.append((time.perf_counter() - t) * 1e3)
+    if on_session:
+        requests.put(None)
     serve.close(ch)
     return statistics.median(samples)
 
@@ -156,6 +181,7 @@ def main(argv=None) -> int:
                 server = sync_server(address, engine) if kind == "sync" else AioServer(address, engine)
                 try:
                     got[f"{kind}_{where}_ms"] = first_message_ms(address, args.reps)
+                    got[f"{kind}_{where}_session_ms"] = first_message_ms(address, args.reps, on_session=True)
                 finally:
                     server.stop(None) if kind == "sync" else server.stop()
     print(f"thread wake (queue put -> the sleeping thread runs): {got['thread_wake_ms']:.3f} ms")
@@ -163,6 +189,9 @@ def main(argv=None) -> int:
         print(f"{kind:>4} server, one-message stream: inline {got[f'{kind}_inline_ms']:.3f} ms, "
               f"made by an engine thread {got[f'{kind}_engine_ms']:.3f} ms, "
               f"with {args.tail_us:.0f} us of its Python after it {got[f'{kind}_engine_tail_ms']:.3f} ms")
+        print(f"{kind:>4} server, the same on an open session stream: inline {got[f'{kind}_inline_session_ms']:.3f} ms, "
+              f"made by an engine thread {got[f'{kind}_engine_session_ms']:.3f} ms, "
+              f"with its Python after it {got[f'{kind}_engine_tail_session_ms']:.3f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(got, indent=1))
     return 0

@@ -11,7 +11,7 @@ import math
 import sys
 
 from minferd.argtypes import UINT64, TokenFlagGone, int_in, real_in
-from minferd.config import GRPC_MAX_STREAMS, MAX_RUNNING_SEQS
+from minferd.config import GRPC_MAX_STREAMS, MAX_RUNNING_SEQS, SESSION_IDLE_SECONDS
 from minferd.errors import InvalidRequest, MinferdError
 
 
@@ -125,7 +125,8 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="minferd: %(message)s")
     keys = ("listen", "models_dirs", "device", "budget", "preload", "metrics_port", "metrics_listen", "tls_cert",
             "tls_key", "tls_client_ca", "token_file", "insecure", "keep_alive", "w16_min_bytes", "threads",
-            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests", "max_streams", "warmup")
+            "drain_seconds", "parent_pid", "parallel", "http", "http_max_requests", "max_streams", "session_idle",
+            "warmup")
     return serve(load_config({k: getattr(args, k) for k in keys}, toml_path=args.config))
 
 
@@ -183,6 +184,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int_in(1, GRPC_MAX_STREAMS), default=None, metavar="N",
                    help=f"Generate/Chat streams in progress over gRPC; past it RESOURCE_EXHAUSTED (default "
                         f"{GRPC_MAX_STREAMS}: gRPC's other threads stay free for status, health and loads)")
+    p.add_argument("--session-idle", type=real_in(0.1, 86400), default=None, metavar="SECONDS",
+                   help=f"a Session stream waiting this long for its next request is ended (default "
+                        f"{SESSION_IDLE_SECONDS:g}; it holds a stream place while it waits)")
     p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
                    help="a load's KV holds this many full contexts unless it asks for a size (default 1)")
     p.add_argument("--w16-min-bytes", type=int_in(0, UINT64), default=None,

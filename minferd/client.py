@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 KINDS = ("weights", "w16", "kv", "scratch")
 PATHS = {"auto": 0, "w16": 1, "mmq": 2, "fused_b": 3}  # MatmulPath enum values
@@ -85,9 +86,38 @@ class Client:
         else:
             self.channel = grpc.insecure_channel(self.address, options=channel_options())
         self.stub = pb2_grpc.MinferdStub(self.channel)
+        self._session, self._session_lock = None, threading.Lock()
 
     def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
         self.channel.close()
+
+    def _request(self, kind: str, request, on_event):
+        """A Generate or Chat request, on this client's Session where it is free (another thread's
+        request on it: a call of its own) and where no timeout is set (a session has no deadline)."""
+        if self.timeout is not None or not self._session_lock.acquire(blocking=False):
+            method = self.stub.Generate if kind == "generate" else self.stub.Chat
+            return self._stream(method, request, on_event)
+        try:
+            return self._on_session(kind, request, on_event)
+        finally:
+            self._session_lock.release()
+
+    def _on_session(self, kind: str, request, on_event):
+        from minferd.client_session import STALE, Session
+        while True:
+            s = self._session = self._session or Session(self.stub, self.pb, self.metadata)
+            got = []
+            try:
+                return s.run(kind, request, lambda e: (got.append(1), on_event(e)))
+            except self.grpc.RpcError as e:
+                self._session = None
+                if got or not s.served or e.code().name not in STALE:
+                    raise
+            except BaseException:
+                self._session = None
+                raise
 
     def _unary(self, method, request):
         return method(request, timeout=self.timeout or 60.0, metadata=self.metadata)
@@ -147,7 +177,7 @@ class Client:
             req.ids.ids.extend(prompt)
         if add_special is not None:
             req.add_special = add_special
-        return self._collect(self.stub.Generate, req, on_text)
+        return self._collect("generate", req, on_text)
 
     def chat(self, model: str, messages: list[dict], on_text=None, keep_alive: float | None = None,
              **sampling) -> dict:
@@ -155,9 +185,9 @@ class Client:
         req = self.pb.ChatRequest(model=model, messages=msgs, sampling=self.sampling(**sampling))
         if keep_alive is not None:
             req.keep_alive_seconds = keep_alive
-        return self._collect(self.stub.Chat, req, on_text)
+        return self._collect("chat", req, on_text)
 
-    def _collect(self, method, req, on_text) -> dict:
+    def _collect(self, kind: str, req, on_text) -> dict:
         pieces, ids = [], []
 
         def take(e):
@@ -166,7 +196,7 @@ class Client:
                 ids.append(e.token_id)
             if on_text and e.text:
                 on_text(e.text)
-        last = self._stream(method, req, take)
+        last = self._request(kind, req, take)
         t = last.timings if last is not None else self.pb.Timings()
         timings = {k: getattr(t, k) for k in ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms",
                                               "prefill_tok_s", "decode_tok_s")}

@@ -40,6 +40,9 @@ MAX_HTTP_BODY_BYTES = 16 << 20  # an HTTP request's JSON (gRPC's --max-message-b
 # number of them can starve the front's other endpoints.
 HTTP_MAX_REQUESTS = 512
 GRPC_MAX_STREAMS = 224  # Generate/Chat streams at once: of gRPC's 256 threads, 32 stay for the rest
+# A Session waiting this long for its next request is ended (CANCELLED): it holds a stream place
+# and a thread while it waits. A test suite's pauses between requests are far shorter.
+SESSION_IDLE_SECONDS = 60.0
 TEMPLATE_STEPS = 2_000_000  # lines a chat template may execute in one render
 TEMPLATE_SECONDS = 2.0  # and wall time
 MAX_RENDERED_BYTES = 8 << 20  # what one render may produce
@@ -94,6 +97,7 @@ class ServeConfig:
     http: str | None = None  # HOST:PORT of the OpenAI-compatible HTTP front
     http_max_requests: int = HTTP_MAX_REQUESTS
     max_streams: int = GRPC_MAX_STREAMS
+    session_idle: float = SESSION_IDLE_SECONDS
     warmup: bool = False  # compile every kernel (minferd/warmup.py) before health says SERVING
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -136,7 +140,8 @@ def host_port(flag: str, value: str) -> tuple[str, int]:
 _ENV = {"listen": str, "models_dirs": "paths", "device": str, "budget": str, "metrics_port": int, "http": str,
         "metrics_listen": str, "token": str, "token_file": str, "tls_cert": str, "tls_key": str,
         "tls_client_ca": str, "keep_alive": float, "parallel": int, "w16_min_bytes": int, "threads": int,
-        "drain_seconds": float, "http_max_requests": int, "max_streams": int, "warmup": "flag"}
+        "drain_seconds": float, "http_max_requests": int, "max_streams": int, "session_idle": float,
+        "warmup": "flag"}
 
 
 def load_config(flags: dict, env=os.environ, toml_path: str | None = None) -> ServeConfig:

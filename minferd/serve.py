@@ -146,6 +146,9 @@ def _check_numbers(cfg: ServeConfig) -> None:
     m = cfg.max_streams
     if not (isinstance(m, int) and not isinstance(m, bool) and 1 <= m <= GRPC_MAX_STREAMS):
         raise InvalidRequest(f"max_streams {m!r}: a whole number from 1 to {GRPC_MAX_STREAMS}")
+    i = cfg.session_idle
+    if not (isinstance(i, (int, float)) and not isinstance(i, bool) and 0.1 <= i <= 86400):
+        raise InvalidRequest(f"session_idle {i!r}: expected seconds from 0.1 to 86400")
 
 
 def _bind_tcp(server: grpc.Server, cfg: ServeConfig) -> None:
@@ -223,7 +226,8 @@ def serve(cfg: ServeConfig) -> int:
     if cfg.metrics_address():
         from minferd.metrics import Metrics
         metrics = Metrics(host)
-    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics, cfg.max_streams)
+    servicer = MinferdServicer(host, cfg.models_dirs, cfg.keep_alive, health, metrics, cfg.max_streams,
+                               cfg.session_idle)
     server = create_server(servicer, health, token, cfg.max_message_bytes)
     # Metrics first: a port in use then fails the start before there is a socket to leave behind.
     metrics_http = metrics.serve(*cfg.metrics_address(), token) if metrics else None

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from minferd import config, reflection_v1
 from minferd._proto import pb2, pb2_grpc
 from minferd.auth import GatedHealth, TokenAuth
-from minferd.decode_guard import DecodeGuard
+from minferd.decode_guard import DecodeGuard, Refused
 from minferd.devices import MatmulPath
 from minferd.errors import (
     Aborted,
@@ -31,6 +31,7 @@ from minferd.errors import (
     PermissionDenied,
 )
 from minferd.fleet import Fleet
+from minferd.idle_streams import IdleStreams
 from minferd.host import LoadOptions
 from minferd.model.sampler import SamplingParams
 from minferd.paths import open_model_source
@@ -73,6 +74,8 @@ def _edge(method):
     def streaming(self, request, context):
         try:
             yield from method(self, request, context)
+        except Refused:
+            raise
         except Exception as e:
             self._abort(context, e)
 
@@ -95,13 +98,14 @@ def sampling(p: pb2.SamplingParams) -> SamplingParams:
 
 class MinferdServicer(pb2_grpc.MinferdServicer):
     def __init__(self, host: Fleet, models_dirs, keep_alive: float, health_servicer=None, metrics=None,
-                 max_streams: int | None = None):
+                 max_streams: int | None = None, session_idle: float = config.SESSION_IDLE_SECONDS):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
         self.health, self.metrics = health_servicer, metrics
         # Generations hold a gRPC thread each while they wait and stream; past this many at once a
         # new one is refused, so GetStatus, health and loads always find a thread.
         self.max_streams = max_streams or GRPC_STREAMS
         self._streams = threading.BoundedSemaphore(self.max_streams)
+        self.idle_streams = IdleStreams(session_idle)  # a Session holds its place while it waits
 
     @contextlib.contextmanager
     def _stream_place(self):
@@ -190,9 +194,9 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     @_edge
     def Generate(self, request, context):
         with self._stream_place():
-            yield from self._generate(request, context)
+            yield from self._generate(request, cancelled_event(context))
 
-    def _generate(self, request, context):
+    def _generate(self, request, gone: threading.Event):
         params = sampling(request.sampling)
         self._prepare_model(request)
         if request.WhichOneof("prompt") == "ids":
@@ -203,7 +207,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             check_text_fits(lm.ws.tokenizer, request.text, lm.ctx)
             ids = lm.ws.tokenizer.encode(request.text, add_special=add)
         self._check_room(request.model, ids, request.sampling)
-        yield from self._stream(request.model, ids, params, context)
+        yield from self._stream(request.model, ids, params, gone)
 
     def _check_room(self, model: str, ids, sp: pb2.SamplingParams) -> None:
         if sp.HasField("max_tokens"):
@@ -212,9 +216,9 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     @_edge
     def Chat(self, request, context):
         with self._stream_place():
-            yield from self._chat(request, context)
+            yield from self._chat(request, cancelled_event(context))
 
-    def _chat(self, request, context):
+    def _chat(self, request, gone: threading.Event):
         check_chat([(m.role, m.content) for m in request.messages])
         self._prepare_model(request)
         lm = self.host.get(request.model)
@@ -223,16 +227,25 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         check_text_fits(lm.ws.tokenizer, text, lm.ctx)
         ids = lm.ws.tokenizer.encode(text, add_special=True)
         self._check_room(request.model, ids, request.sampling)
-        yield from self._stream(request.model, ids, sampling(request.sampling), context)
+        yield from self._stream(request.model, ids, sampling(request.sampling), gone)
 
-    def _stream(self, model, ids, params, context):
+    @_edge
+    def Session(self, requests, context):
+        """Generate and Chat requests in turn over one call (the proto says why); a request that
+        fails ends the session with its status, as it would end its own call."""
+        with self._stream_place():
+            gone = cancelled_event(context)
+            for request in self.idle_streams.requests(requests, context.cancel):
+                kind = request.WhichOneof("request")
+                if kind == "generate":
+                    yield from self._generate(request.generate, gone)
+                elif kind == "chat":
+                    yield from self._chat(request.chat, gone)
+                else:
+                    raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
+
+    def _stream(self, model, ids, params, gone: threading.Event):
         t0 = time.perf_counter()
-        # The client went away: cancel at once. The callback used to close the generator below,
-        # which raised "generator already executing" whenever this thread was waiting inside it
-        # (so a queued request still ran); now it only sets an event the request reads.
-        gone = threading.Event()
-        if not context.add_callback(gone.set):
-            gone.set()
         events = self.host.stream(model, ids, params, cancel=gone)
         outcome, generated, timings = "cancelled", 0, None  # what a request the client left counts as
         try:
@@ -297,6 +310,16 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     def Promote(self, request, context):
         self.host.promote(request.name)  # waits for requests in flight; PoolExhausted with the numbers
         return model_info(self.host.model_info(self.host.get(request.name)))
+
+
+def cancelled_event(context) -> threading.Event:
+    """Set once the call ends early (the client went away): the request reads it and cancels at
+    once. The callback used to close the generator, which raised "generator already executing"
+    whenever the thread was waiting inside it (so a queued request still ran)."""
+    gone = threading.Event()
+    if not context.add_callback(gone.set):
+        gone.set()
+    return gone
 
 
 def _name_from(path: str) -> str:

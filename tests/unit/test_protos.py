@@ -57,11 +57,11 @@ def test_service_shape():
     assert svc.full_name == "minferd.v1.Minferd"
     assert pb2.DESCRIPTOR.name == "minferd/v1/minferd.proto"  # what reflection will report
     streaming = {m.name for m in svc.methods if m.server_streaming}
-    assert streaming == {"LoadModel", "Generate", "Chat"}
-    assert not any(m.client_streaming for m in svc.methods)
+    assert streaming == {"LoadModel", "Generate", "Chat", "Session"}
+    assert {m.name for m in svc.methods if m.client_streaming} == {"Session"}
     assert {m.name for m in svc.methods} == {
-        "LoadModel", "UnloadModel", "ListModels", "ListAvailable", "GetStatus", "Generate", "Chat", "Tokenize",
-        "Detokenize", "SetModelOptions", "Demote", "Promote"}
+        "LoadModel", "UnloadModel", "ListModels", "ListAvailable", "GetStatus", "Generate", "Chat", "Session",
+        "Tokenize", "Detokenize", "SetModelOptions", "Demote", "Promote"}
 
 
 def test_messages_round_trip():

@@ -316,6 +316,14 @@ class GenerateEvent(_message.Message):
     timings: Timings
     def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ..., finish_reason: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("generate", "chat")
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    generate: GenerateRequest
+    chat: ChatRequest
+    def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., chat: _Optional[_Union[ChatRequest, _Mapping]] = ...) -> None: ...
+
 class Timings(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s", "cached_tokens", "preemptions")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]

@@ -71,6 +71,11 @@ class MinferdStub:
                 request_serializer=minferd_dot_v1_dot_minferd__pb2.ChatRequest.SerializeToString,
                 response_deserializer=minferd_dot_v1_dot_minferd__pb2.GenerateEvent.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/minferd.v1.Minferd/Session',
+                request_serializer=minferd_dot_v1_dot_minferd__pb2.SessionRequest.SerializeToString,
+                response_deserializer=minferd_dot_v1_dot_minferd__pb2.GenerateEvent.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/minferd.v1.Minferd/Tokenize',
                 request_serializer=minferd_dot_v1_dot_minferd__pb2.TokenizeRequest.SerializeToString,
@@ -152,6 +157,17 @@ class MinferdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Many Generate / Chat requests over one stream, one after another: each request's events end
+        with its closing event (finish_reason set) before the next request is read. A client that
+        sends many short requests pays gRPC's call setup once, not once a request. A request that
+        fails ends the session with the status Generate would end with; an idle session ends after
+        the daemon's session idle time (OK, no events), and the client opens another.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Tokenize(self, request, context):
         """Text -> token ids with the model's own vocabulary.
         """
@@ -223,6 +239,11 @@ def add_MinferdServicer_to_server(servicer, server):
             'Chat': grpc.unary_stream_rpc_method_handler(
                     servicer.Chat,
                     request_deserializer=minferd_dot_v1_dot_minferd__pb2.ChatRequest.FromString,
+                    response_serializer=minferd_dot_v1_dot_minferd__pb2.GenerateEvent.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=minferd_dot_v1_dot_minferd__pb2.SessionRequest.FromString,
                     response_serializer=minferd_dot_v1_dot_minferd__pb2.GenerateEvent.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
@@ -441,6 +462,33 @@ class Minferd:
             target,
             '/minferd.v1.Minferd/Chat',
             minferd_dot_v1_dot_minferd__pb2.ChatRequest.SerializeToString,
+            minferd_dot_v1_dot_minferd__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/minferd.v1.Minferd/Session',
+            minferd_dot_v1_dot_minferd__pb2.SessionRequest.SerializeToString,
             minferd_dot_v1_dot_minferd__pb2.GenerateEvent.FromString,
             options,
             channel_credentials,

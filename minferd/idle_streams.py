@@ -1,0 +1,62 @@
+"""Ends request streams that wait on their client too long.
+
+A Session holds a gRPC thread and a stream place while it waits for its client's next request, so
+one left open and unused must not hold them for good. One thread watches every waiting session,
+at a granularity of a second or so, and cancels those past their idle time: the client sees the
+call end CANCELLED and opens another (minferd.client does, resending the request it had queued).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+
+class IdleStreams:
+    def __init__(self, idle_seconds: float):
+        self.idle = idle_seconds
+        self._waiting: dict[int, tuple[float, Callable[[], object]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.ended = 0  # streams cancelled for idling (status, tests)
+
+    def requests(self, iterator, cancel: Callable[[], object]) -> Iterator:
+        """The items of a request iterator; while it waits for one more than the idle time,
+        cancel() ends the call, and the items end there too (no error: the call has its status)."""
+        key = id(iterator)
+        fired = []
+        while True:
+            self._wait(key, lambda: (fired.append(1), cancel()))
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            except grpc.RpcError:
+                if fired:
+                    return
+                raise
+            finally:
+                with self._lock:
+                    self._waiting.pop(key, None)
+            yield item
+
+    def _wait(self, key: int, cancel) -> None:
+        with self._lock:
+            self._waiting[key] = (time.monotonic() + self.idle, cancel)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, daemon=True, name="minferd-idle-streams")
+                self._thread.start()
+
+    def _watch(self) -> None:
+        tick = min(1.0, self.idle / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self._lock:
+                due = [k for k, (deadline, _) in self._waiting.items() if deadline <= now]
+                cancels = [self._waiting.pop(k)[1] for k in due]
+                self.ended += len(cancels)
+            for cancel in cancels:
+                cancel()

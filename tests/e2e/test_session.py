@@ -1,0 +1,164 @@
+"""The Session stream against one real daemon: Generate and Chat requests in turn on one call give
+what their own calls give; a bad request ends it with Generate's status and the daemon serves on;
+an idle one ends CANCELLED and gives its stream place back; minferd.Client rides one and resends a
+request an idled-out session never read.
+"""
+from __future__ import annotations
+
+import queue
+import time
+
+import grpc
+import pytest
+
+from minferd._proto import pb2
+from minferd.client import Client
+from minferd.model.synth import write_model
+from tests.e2e.daemon import Daemon
+
+IDLE = 1.0  # the daemon's --session-idle
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = tmp_path_factory.mktemp("session-models")
+    write_model(d / "tiny.gguf", "qwen2", "tiny", "q8_0", seed=3)
+    daemon = Daemon(tmp_path_factory.mktemp("session-daemon"), "--models-dir", d, "--budget", "256MiB",
+                    "--threads", "1", "--max-streams", "2", "--session-idle", IDLE)
+    yield daemon
+    assert daemon.stop() == 0
+
+
+class Open:
+    """A raw Session call: requests put as they are wanted, events read on this thread."""
+
+    def __init__(self, stub, metadata=()):
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.call = stub.Session(iter(self.requests.get, None), metadata=metadata, timeout=60)
+
+    def send(self, **kind) -> list:
+        self.requests.put(pb2.SessionRequest(**kind))
+        events = []
+        for e in self.call:
+            events.append(e)
+            if e.finish_reason:
+                return events
+        raise AssertionError("the session ended before the request's closing event")
+
+    def close(self):
+        self.requests.put(None)
+
+
+def generate(prompt, n=6, **kw):
+    return pb2.GenerateRequest(model="tiny", ids=pb2.TokenIds(ids=prompt),
+                               sampling=pb2.SamplingParams(temperature=0, max_tokens=n), **kw)
+
+
+def tokens(events):
+    return [e.token_id for e in events if e.token_id >= 0 and not e.finish_reason]
+
+
+def test_requests_in_turn_give_what_their_own_calls_give(daemon):
+    stub = daemon.stub()
+    prompts = [[1, 2, 3], [40, 41], [7] * 20, [1, 2, 3]]
+    alone = [tokens(stub.Generate(generate(p), timeout=60)) for p in prompts]
+    chat = pb2.ChatRequest(model="tiny", messages=[pb2.ChatMessage(role="user", content="hello there")],
+                           sampling=pb2.SamplingParams(temperature=0, max_tokens=5))
+    chat_alone = tokens(stub.Chat(chat, timeout=60))
+    s = Open(stub)
+    got = [tokens(s.send(generate=generate(p))) for p in prompts]
+    got_chat = tokens(s.send(chat=chat))
+    last = s.send(generate=generate([9, 9], n=3))
+    s.close()
+    assert got == alone and got_chat == chat_alone and all(len(t) == 6 for t in got)
+    assert last[-1].finish_reason == "length" and last[-1].timings.generated_tokens == 3
+    assert list(s.call) == [] and s.call.code() == grpc.StatusCode.OK  # closing the requests ends it OK
+
+
+@pytest.mark.parametrize("kind, status, words", [
+    ({"generate": pb2.GenerateRequest(model="nope", ids=pb2.TokenIds(ids=[1]))}, grpc.StatusCode.NOT_FOUND, "nope"),
+    ({"generate": pb2.GenerateRequest(model="tiny")}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    ({}, grpc.StatusCode.INVALID_ARGUMENT, "generate or a chat"),
+])
+def test_a_bad_request_ends_the_session_with_its_status(daemon, kind, status, words):
+    stub = daemon.stub()
+    s = Open(stub)
+    assert tokens(s.send(generate=generate([5, 6]))) == tokens(stub.Generate(generate([5, 6]), timeout=60))
+    s.requests.put(pb2.SessionRequest(**kind))
+    with pytest.raises(grpc.RpcError) as e:
+        list(s.call)
+    assert e.value.code() == status and words in e.value.details()
+    assert len(tokens(stub.Generate(generate([5, 6]), timeout=60))) == 6  # the daemon serves on
+
+
+def test_bytes_that_do_not_parse_are_invalid_argument(daemon):
+    ch = daemon.channel()
+    raw = ch.stream_stream("/minferd.v1.Minferd/Session")
+    good = pb2.SessionRequest(generate=generate([3, 4], n=2)).SerializeToString()
+    replies = raw(iter([good, b"\x0a\xff\xff\xff\xff"]), timeout=60)
+    with pytest.raises(grpc.RpcError) as e:
+        list(replies)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Session: the request does not parse" in e.value.details()
+    ch.close()
+
+
+def test_an_idle_session_ends_and_gives_its_stream_place_back(daemon):
+    stub = daemon.stub()
+    held = [Open(stub), Open(stub)]  # --max-streams 2: both places held while they wait
+    for s in held:
+        s.send(generate=generate([1], n=1))
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(generate([1], n=1), timeout=60))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    t0 = time.monotonic()
+    for s in held:
+        with pytest.raises(grpc.RpcError) as e:
+            next(s.call)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+    assert IDLE * 0.9 < time.monotonic() - t0 < IDLE + 10
+    assert len(tokens(stub.Generate(generate([1], n=2), timeout=60))) == 2
+
+
+def test_client_rides_one_session_and_resends_after_an_idle_end(daemon):
+    c = Client(daemon.address)
+    try:
+        first = c.generate("tiny", [1, 2, 3], max_tokens=4, temperature=0)
+        again = c.generate("tiny", [1, 2, 3], max_tokens=4, temperature=0)
+        assert (again["text"], again["token_ids"]) == (first["text"], first["token_ids"]) and len(first["token_ids"]) == 4
+        session = c._session
+        assert session.served == 2
+        time.sleep(IDLE + 2)  # the daemon ends it; the client finds out on its next request
+        assert c.generate("tiny", [1, 2, 3], max_tokens=4, temperature=0)["token_ids"] == first["token_ids"]
+        assert c._session is not session and c._session.served == 1
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate("nope", [1], max_tokens=1)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and c._session is None
+        assert c.chat("tiny", [{"role": "user", "content": "hi"}], max_tokens=2, temperature=0)["finish_reason"]
+    finally:
+        c.close()
+
+
+def test_a_session_asks_for_the_token(tmp_path, synth_model):
+    d = Daemon(tmp_path, "--device", "cpu", "--preload", f"{synth_model('qwen2')}=tiny", "--threads", "1",
+               token="s3ssion-token-0123456789abcdef")
+    try:
+        stub = d.stub()
+        with pytest.raises(grpc.RpcError) as e:
+            Open(stub).send(generate=generate([1], n=1))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert len(tokens(Open(stub, d.metadata()).send(generate=generate([1], n=2)))) == 2
+    finally:
+        assert d.stop() == 0
+
+
+def test_session_idle_from_the_environment_and_its_bounds(tmp_path):
+    from minferd.cli import parser
+    from minferd.config import load_config
+    from minferd.errors import InvalidRequest
+    from minferd.serve import _check_numbers
+    assert load_config({}, env={"MINFERD_SESSION_IDLE": "2.5"}).session_idle == 2.5
+    for bad in ("0", "-1", "nan", "1e9"):
+        with pytest.raises(InvalidRequest, match="session_idle"):
+            _check_numbers(load_config({}, env={"MINFERD_SESSION_IDLE": bad}))
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--session-idle", "0"])
