@@ -24,19 +24,15 @@ class IdleStreams:
 
     def requests(self, iterator, cancel: Callable[[], object]) -> Iterator:
         """The items of a request iterator; while it waits for one more than the idle time,
-        cancel() ends the call, and the items end there too (no error: the call has its status)."""
+        cancel() ends the call. The items end where the call does, by this or by the client's
+        cancel (grpc's iterator raises then): no error of the daemon's, the call has its status."""
         key = id(iterator)
-        fired = []
         while True:
-            self._wait(key, lambda: (fired.append(1), cancel()))
+            self._wait(key, cancel)
             try:
                 item = next(iterator)
-            except StopIteration:
+            except (StopIteration, grpc.RpcError):
                 return
-            except grpc.RpcError:
-                if fired:
-                    return
-                raise
             finally:
                 with self._lock:
                     self._waiting.pop(key, None)

@@ -162,3 +162,23 @@ def test_session_idle_from_the_environment_and_its_bounds(tmp_path):
             _check_numbers(load_config({}, env={"MINFERD_SESSION_IDLE": bad}))
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--session-idle", "0"])
+
+
+def test_a_client_that_cancels_ends_its_session_quietly(daemon):
+    """Between requests and mid-generation: the place comes back, the daemon logs no error."""
+    stub = daemon.stub()
+    before = daemon.log.read_text().count("internal error")
+    idle = Open(stub)
+    idle.send(generate=generate([2, 3], n=2))
+    idle.call.cancel()  # while the daemon waits for its next request
+    busy = Open(stub)
+    busy.requests.put(pb2.SessionRequest(generate=generate([2, 3], n=1500)))
+    next(busy.call)
+    busy.call.cancel()  # mid-generation
+    time.sleep(0.5)
+    # Both places are free again (--max-streams 2), and the daemon said nothing of it.
+    held = [Open(stub), Open(stub)]
+    assert all(len(tokens(s.send(generate=generate([4], n=2)))) == 2 for s in held)
+    for s in held:
+        s.close()
+    assert daemon.log.read_text().count("internal error") == before
