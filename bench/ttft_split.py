@@ -2,7 +2,9 @@
 socket) whose modules are stamped (bench/ttft_split_site), REPS one-token generations of a prompt
 of TOKENS ids, and the median time of each stamp from the client's call, the client's receipt last.
 
-    python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines]
+    python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines] [--session]
+
+--session sends the requests in turn on one Session stream instead of a Generate call each.
 
 --lines also times every line the engine thread runs in the backend's and the engine's files
 (sitecustomize.LINE_FILES): a request's total per line, largest first. Tracing slows each line
@@ -28,12 +30,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import serve  # noqa: E402  (bench/serve.py: its channel and model name)
 from minferd._proto import pb2, pb2_grpc  # noqa: E402
+from minferd.client_session import Session  # noqa: E402
 from minferd.spawn import start_daemon, stop_daemon  # noqa: E402
 
 WARM_REPS = 50  # requests before the timed ones (graphs captured, caches warm)
 
 
-def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path) -> list[tuple[int, int]]:
+def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path,
+        on_session: bool = False) -> list[tuple[int, int]]:
     """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`."""
     # start_daemon hands this process's environment to the daemon (a one-shot script: no restore)
     os.environ.update({"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
@@ -48,14 +52,19 @@ def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: P
                                                  keep_alive_seconds=-1.0), timeout=600))
         req = pb2.GenerateRequest(model=serve.MODEL_NAME, ids=pb2.TokenIds(ids=list(range(300, 300 + tokens))),
                                   sampling=pb2.SamplingParams(temperature=0.0, max_tokens=1))
+        session = Session(stub, pb2, ()) if on_session else None
         for i in range(WARM_REPS + reps):
+            got = []
             t = time.perf_counter_ns()
-            events = stub.Generate(req, timeout=60)
-            next(events)
-            got = time.perf_counter_ns()
-            list(events)
+            if session:
+                session.run("generate", req, lambda e: got.append(time.perf_counter_ns()))
+            else:
+                for _ in stub.Generate(req, timeout=60):
+                    got.append(time.perf_counter_ns())
             if i >= WARM_REPS:
-                calls.append((t, got))
+                calls.append((t, got[0]))
+        if session:
+            session.close()
     finally:
         stop_daemon(d["pid"])  # its stamps are written as it exits
         tmp.cleanup()
@@ -91,12 +100,14 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=150)
     ap.add_argument("--lines", action="store_true")
+    ap.add_argument("--session", action="store_true", help="the requests on one Session stream")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="minferd-stamps-") as d:
         stamps = Path(d) / "stamps.tsv"
-        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps)
+        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps, args.session)
         at, lines = split(calls, stamps)
-    print(f"{args.model.name} on {args.device}: {args.tokens}-token prompt, 1 token, {len(calls)} requests; "
+    print(f"{args.model.name} on {args.device}: {args.tokens}-token prompt, 1 token, {len(calls)} requests "
+          f"({'on one Session' if args.session else 'a Generate call each'}); "
           f"median us from the client's call (n: stamps seen in the window)")
     for name, v in sorted(at.items(), key=lambda kv: statistics.median(kv[1])):
         print(f"  {name:22s} {statistics.median(v):9.1f}  (n={len(v)})")

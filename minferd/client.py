@@ -93,6 +93,10 @@ class Client:
             self._session.close()
         self.channel.close()
 
+    def __del__(self):  # dropped unclosed: its session's stream place goes back now, not when it idles out
+        if getattr(self, "_session", None) is not None:
+            self._session.close()
+
     def _request(self, kind: str, request, on_event):
         """A Generate or Chat request, on this client's Session where it is free (another thread's
         request on it: a call of its own) and where no timeout is set (a session has no deadline)."""

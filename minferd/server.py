@@ -31,8 +31,8 @@ from minferd.errors import (
     PermissionDenied,
 )
 from minferd.fleet import Fleet
-from minferd.idle_streams import IdleStreams
 from minferd.host import LoadOptions
+from minferd.idle_streams import IdleStreams
 from minferd.model.sampler import SamplingParams
 from minferd.paths import open_model_source
 from minferd.pool.ledger import PoolExhausted
@@ -237,12 +237,9 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             gone = cancelled_event(context)
             for request in self.idle_streams.requests(requests, context.cancel):
                 kind = request.WhichOneof("request")
-                if kind == "generate":
-                    yield from self._generate(request.generate, gone)
-                elif kind == "chat":
-                    yield from self._chat(request.chat, gone)
-                else:
+                if kind is None:
                     raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
+                yield from (self._generate if kind == "generate" else self._chat)(getattr(request, kind), gone)
 
     def _stream(self, model, ids, params, gone: threading.Event):
         t0 = time.perf_counter()

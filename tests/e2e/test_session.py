@@ -182,3 +182,15 @@ def test_a_client_that_cancels_ends_its_session_quietly(daemon):
     for s in held:
         s.close()
     assert daemon.log.read_text().count("internal error") == before
+
+
+def test_a_client_dropped_unclosed_gives_its_place_back(daemon):
+    for _ in range(2):  # --max-streams 2: both places, then neither
+        c = Client(daemon.address)
+        assert len(c.generate("tiny", [5], max_tokens=2, temperature=0)["token_ids"]) == 2
+        del c
+    time.sleep(0.3)
+    held = [Open(daemon.stub()), Open(daemon.stub())]
+    assert all(len(tokens(s.send(generate=generate([4], n=1)))) == 1 for s in held)
+    for s in held:
+        s.close()
