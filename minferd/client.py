@@ -5,6 +5,7 @@ Light on purpose: grpc and the generated stubs, imported when a Client is made, 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -95,7 +96,8 @@ class Client:
 
     def __del__(self):  # dropped unclosed: its session's stream place goes back now, not when it idles out
         if getattr(self, "_session", None) is not None:
-            self._session.close()
+            with contextlib.suppress(Exception):  # grpc may be torn down already at interpreter exit
+                self._session.close()
 
     def _request(self, kind: str, request, on_event):
         """A Generate or Chat request, on this client's Session where it is free (another thread's
