@@ -46,6 +46,7 @@ class IdleStreams:
                 self._thread.start()
 
     def _watch(self) -> None:
+        """Until no stream waits (the daemon's threads go back to what they were without sessions)."""
         tick = min(1.0, self.idle / 4)
         while True:
             time.sleep(tick)
@@ -54,5 +55,10 @@ class IdleStreams:
                 due = [k for k, (deadline, _) in self._waiting.items() if deadline <= now]
                 cancels = [self._waiting.pop(k)[1] for k in due]
                 self.ended += len(cancels)
+                done = not self._waiting
+                if done:
+                    self._thread = None  # the next stream to wait starts another
             for cancel in cancels:
                 cancel()
+            if done:
+                return
