@@ -4,8 +4,8 @@ gRPC's call setup is most of a short request's round trip through Python on both
 one-message stream ~0.65 ms on the GPU hosts, bench/rpc_hops.py); a request on an open stream
 skips it. The daemon ends a session that idles past its --session-idle (CANCELLED) and a
 restarted daemon's connection is gone (UNAVAILABLE): a request that got no event on a session
-that served others before is sent once more on a new one. It cannot have run twice: the daemon
-reads a session's next request only once the last one has ended.
+that served others before is sent once more on a new one. None is answered twice: the daemon
+reads a session's next request only once the last one has ended, and an ended session reads none.
 """
 from __future__ import annotations
 

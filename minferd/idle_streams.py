@@ -20,7 +20,6 @@ class IdleStreams:
         self._waiting: dict[int, tuple[float, Callable[[], object]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.ended = 0  # streams cancelled for idling (status, tests)
 
     def requests(self, iterator, cancel: Callable[[], object]) -> Iterator:
         """The items of a request iterator; while it waits for one more than the idle time,
@@ -54,7 +53,6 @@ class IdleStreams:
             with self._lock:
                 due = [k for k, (deadline, _) in self._waiting.items() if deadline <= now]
                 cancels = [self._waiting.pop(k)[1] for k in due]
-                self.ended += len(cancels)
                 done = not self._waiting
                 if done:
                     self._thread = None  # the next stream to wait starts another
