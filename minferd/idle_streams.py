@@ -20,6 +20,7 @@ class IdleStreams:
         self._waiting: dict[int, tuple[float, Callable[[], object]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._draining = False
 
     def requests(self, iterator, cancel: Callable[[], object]) -> Iterator:
         """The items of a request iterator; while it waits for one more than the idle time,
@@ -27,7 +28,9 @@ class IdleStreams:
         cancel (grpc's iterator raises then): no error of the daemon's, the call has its status."""
         key = id(iterator)
         while True:
-            self._wait(key, cancel)
+            if not self._wait(key, cancel):
+                cancel()
+                return
             try:
                 item = next(iterator)
             except (StopIteration, grpc.RpcError):
@@ -37,12 +40,25 @@ class IdleStreams:
                     self._waiting.pop(key, None)
             yield item
 
-    def _wait(self, key: int, cancel) -> None:
+    def drain(self) -> None:
+        """The daemon is stopping: the streams waiting now end at once, and so does any that comes
+        to wait later (its request done), so that an idle session never holds the drain."""
         with self._lock:
+            self._draining = True
+            cancels = [cancel for _, cancel in self._waiting.values()]
+            self._waiting.clear()
+        for cancel in cancels:
+            cancel()
+
+    def _wait(self, key: int, cancel) -> bool:
+        with self._lock:
+            if self._draining:
+                return False
             self._waiting[key] = (time.monotonic() + self.idle, cancel)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, daemon=True, name="minferd-idle-streams")
                 self._thread.start()
+        return True
 
     def _watch(self) -> None:
         """Until no stream waits (the daemon's threads go back to what they were without sessions)."""

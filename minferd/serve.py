@@ -271,6 +271,7 @@ def serve(cfg: ServeConfig) -> int:
     if http:  # uvicorn lets in-flight requests finish once told to exit
         http.should_exit = True
         http.thread.join(cfg.drain_seconds)
+    servicer.idle_streams.drain()  # a Session between requests is no request in flight
     server.stop(grace=cfg.drain_seconds).wait()  # refuses new calls, lets in-flight ones finish
     if metrics_http:
         metrics_http.shutdown()

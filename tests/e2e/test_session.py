@@ -6,6 +6,7 @@ request an idled-out session never read.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import grpc
@@ -206,3 +207,33 @@ def test_a_client_dropped_unclosed_closes_its_session(daemon):
     call = c._session._call
     del c  # its place goes back now, not when the daemon finds it idle
     assert call.code() == grpc.StatusCode.CANCELLED
+
+
+def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
+    """SIGTERM: a session between requests ends at once (the daemon exits well inside its drain), one
+    mid-request gets its request's last event first."""
+    d = Daemon(tmp_path, "--device", "cpu", "--preload", f"{synth_model('qwen2')}=tiny", "--threads", "1",
+               "--drain-seconds", "30")
+    stub = d.stub()
+    waiting = Open(stub)
+    waiting.send(generate=pb2.GenerateRequest(model="tiny", ids=pb2.TokenIds(ids=[1]),
+                                              sampling=pb2.SamplingParams(temperature=0, max_tokens=1)))
+    busy = Open(stub)
+    busy.requests.put(pb2.SessionRequest(generate=pb2.GenerateRequest(
+        model="tiny", ids=pb2.TokenIds(ids=[1]), sampling=pb2.SamplingParams(temperature=0, max_tokens=300))))
+    next(busy.call)
+    rest, ended = [], []
+
+    def read():  # the request's events as they come, then the session ends with the daemon
+        try:
+            rest.extend(busy.call)
+        except grpc.RpcError as e:
+            ended.append(e.code())
+    reader = threading.Thread(target=read)
+    reader.start()
+    t0 = time.monotonic()
+    assert d.stop(timeout=60) == 0
+    assert time.monotonic() - t0 < 15, "the drain waited on a session between requests"
+    reader.join(30)
+    assert rest and rest[-1].finish_reason == "length" and rest[-1].timings.generated_tokens == 300
+    assert ended and waiting.call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
