@@ -182,7 +182,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--http-max-requests", type=int_in(1, 1 << 16), default=None, metavar="N",
                    help="generations in progress on the HTTP front; past it 429 (default 512)")
     p.add_argument("--max-streams", type=int_in(1, GRPC_MAX_STREAMS), default=None, metavar="N",
-                   help=f"Generate/Chat streams in progress over gRPC; past it RESOURCE_EXHAUSTED (default "
+                   help=f"Generate/Chat/Session streams open over gRPC; past it RESOURCE_EXHAUSTED (default "
                         f"{GRPC_MAX_STREAMS}: gRPC's other threads stay free for status, health and loads)")
     p.add_argument("--session-idle", type=real_in(0.1, 86400), default=None, metavar="SECONDS",
                    help=f"a Session stream waiting this long for its next request is ended (default "
@@ -209,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--w16-min-bytes", type=int, default=2 << 30, help="the W16 size gate (default 2 GiB)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-streams", type=int_in(1, GRPC_MAX_STREAMS), default=None, metavar="N",
-                   help=f"Generate/Chat streams in progress over gRPC; past it RESOURCE_EXHAUSTED (default "
+                   help=f"Generate/Chat/Session streams open over gRPC; past it RESOURCE_EXHAUSTED (default "
                         f"{GRPC_MAX_STREAMS}: gRPC's other threads stay free for status, health and loads)")
     p.add_argument("--parallel", type=int_in(1, MAX_RUNNING_SEQS), default=None,
                    help="KV for this many full contexts (default 1)")

@@ -39,7 +39,7 @@ MAX_HTTP_BODY_BYTES = 16 << 20  # an HTTP request's JSON (gRPC's --max-message-b
 # gets 429 at once. Each one waits for its tokens in a thread of its own pool of this size, so no
 # number of them can starve the front's other endpoints.
 HTTP_MAX_REQUESTS = 512
-GRPC_MAX_STREAMS = 224  # Generate/Chat streams at once: of gRPC's 256 threads, 32 stay for the rest
+GRPC_MAX_STREAMS = 224  # Generate/Chat/Session streams at once: of gRPC's 256 threads, 32 stay for the rest
 # A Session waiting this long for its next request is ended (CANCELLED): it holds a stream place
 # and a thread while it waits. A test suite's pauses between requests are far shorter.
 SESSION_IDLE_SECONDS = 60.0
