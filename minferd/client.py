@@ -88,6 +88,7 @@ class Client:
             self.channel = grpc.insecure_channel(self.address, options=channel_options())
         self.stub = pb2_grpc.MinferdStub(self.channel)
         self._session, self._session_lock = None, threading.Lock()
+        self._sessions = True  # False once the daemon says it has no Session (an older one)
 
     def close(self) -> None:
         if self._session is not None:
@@ -101,14 +102,18 @@ class Client:
 
     def _request(self, kind: str, request, on_event):
         """A Generate or Chat request, on this client's Session where it is free (another thread's
-        request on it: a call of its own) and where no timeout is set (a session has no deadline)."""
-        if self.timeout is not None or not self._session_lock.acquire(blocking=False):
-            method = self.stub.Generate if kind == "generate" else self.stub.Chat
-            return self._stream(method, request, on_event)
-        try:
-            return self._on_session(kind, request, on_event)
-        finally:
-            self._session_lock.release()
+        request on it: a call of its own), where no timeout is set (a session has no deadline) and
+        where the daemon has Session (an older one answers UNIMPLEMENTED: calls from then on)."""
+        if self._sessions and self.timeout is None and self._session_lock.acquire(blocking=False):
+            try:
+                return self._on_session(kind, request, on_event)
+            except self.grpc.RpcError as e:
+                if e.code() != self.grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._sessions = False  # a daemon from before Session: a call each from now on
+            finally:
+                self._session_lock.release()
+        return self._stream(self.stub.Generate if kind == "generate" else self.stub.Chat, request, on_event)
 
     def _on_session(self, kind: str, request, on_event):
         from minferd.client_session import STALE, Session

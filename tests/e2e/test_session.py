@@ -237,3 +237,18 @@ def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
     reader.join(30)
     assert rest and rest[-1].finish_reason == "length" and rest[-1].timings.generated_tokens == 300
     assert ended and waiting.call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+
+
+def test_a_client_of_a_daemon_without_session_sends_calls(daemon):
+    """A daemon from before Session answers it UNIMPLEMENTED (here: the real daemon asked for a method
+    it does not have): the Client sends that request and the next ones as calls of their own."""
+    c = Client(daemon.address)
+    try:
+        c.stub.Session = c.channel.stream_stream("/minferd.v1.Minferd/NoSuchMethod",
+                                                 request_serializer=pb2.SessionRequest.SerializeToString,
+                                                 response_deserializer=pb2.GenerateEvent.FromString)
+        for _ in range(2):
+            assert len(when_free(lambda: c.generate("tiny", [5, 6], max_tokens=3, temperature=0))["token_ids"]) == 3
+        assert c._sessions is False and c._session is None
+    finally:
+        c.close()
