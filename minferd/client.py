@@ -93,6 +93,7 @@ class Client:
     def close(self) -> None:
         if self._session is not None:
             self._session.close()
+            self._session = None
         self.channel.close()
 
     def __del__(self):  # dropped unclosed: its session's stream place goes back now, not when it idles out
