@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -99,6 +101,15 @@ def test_errors_are_openai_errors(front):
     stranger = openai.OpenAI(base_url=str(client.base_url), api_key="wrong-token-0123456789", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
+    with pytest.raises(openai.AuthenticationError, match="missing or wrong bearer token"):
+        stranger.completions.create(model="tiny", prompt="x", max_tokens=2, stream=True)
+    root = str(client.base_url).removesuffix("/v1/")
+    for path, want in (("/", 200), ("/v1/minferd/status", 401), ("/v1/models", 401)):  # the page alone is open
+        try:
+            got = urllib.request.urlopen(root + path, timeout=30).status
+        except urllib.error.HTTPError as e:
+            got = e.code
+        assert got == want, path
     assert [m.name for m in d.status().models] == ["tiny"]  # nothing changed
 
 
