@@ -117,15 +117,15 @@ class Client:
         return self._stream(self.stub.Generate if kind == "generate" else self.stub.Chat, request, on_event)
 
     def _on_session(self, kind: str, request, on_event):
-        from minferd.client_session import STALE, Session
+        from minferd.client_session import STALE, Session, SessionEnded
         while True:
             s = self._session = self._session or Session(self.stub, self.pb, self.metadata)
             got = []
             try:
                 return s.run(kind, request, lambda e: (got.append(1), on_event(e)))
-            except self.grpc.RpcError as e:
+            except (self.grpc.RpcError, SessionEnded) as e:  # ended OK: a draining daemon's
                 self._session = None
-                if got or not s.served or e.code().name not in STALE:
+                if got or not s.served or not (isinstance(e, SessionEnded) or e.code().name in STALE):
                     raise
             except BaseException:
                 self._session = None

@@ -2,9 +2,9 @@
 
 gRPC's call setup is most of a short request's round trip through Python on both ends (a bare
 one-message stream ~0.65 ms on the GPU hosts, bench/rpc_hops.py); a request on an open stream
-skips it. The daemon ends a session that idles past its --session-idle (CANCELLED) and a
-restarted daemon's connection is gone (UNAVAILABLE): a request that got no event on a session
-that served others before is sent once more on a new one. None is answered twice: the daemon
+skips it. The daemon ends a session that idles past its --session-idle (CANCELLED) or that it
+drains (OK), and a restarted daemon's connection is gone (UNAVAILABLE): a request that got no event
+on a session that served others before is sent once more on a new one. None is answered twice: the daemon
 reads a session's next request only once the last one has ended, and an ended session reads none.
 """
 from __future__ import annotations
@@ -15,8 +15,7 @@ STALE = ("CANCELLED", "UNAVAILABLE")  # how a session that was open before may b
 
 
 class SessionEnded(Exception):
-    """The daemon ended the session without a closing event for the request (not a daemon of
-    this protocol, or one that broke it)."""
+    """The daemon ended the session OK without a closing event for the request (it drains)."""
 
 
 class Session:

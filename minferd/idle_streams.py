@@ -29,8 +29,7 @@ class IdleStreams:
         key = id(iterator)
         while True:
             if not self._wait(key, cancel):
-                cancel()
-                return
+                return  # draining: the call ends OK after what it sent (a cancel could drop that)
             try:
                 item = next(iterator)
             except (StopIteration, grpc.RpcError):

@@ -218,17 +218,20 @@ def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
     waiting = Open(stub)
     waiting.send(generate=pb2.GenerateRequest(model="tiny", ids=pb2.TokenIds(ids=[1]),
                                               sampling=pb2.SamplingParams(temperature=0, max_tokens=1)))
+    client = Client(d.address)
+    assert len(client.generate("tiny", [1], max_tokens=2, temperature=0)["token_ids"]) == 2
     busy = Open(stub)
     busy.requests.put(pb2.SessionRequest(generate=pb2.GenerateRequest(
         model="tiny", ids=pb2.TokenIds(ids=[1]), sampling=pb2.SamplingParams(temperature=0, max_tokens=300))))
     next(busy.call)
     rest, ended = [], []
 
-    def read():  # the request's events as they come, then the session ends with the daemon
+    def read():  # the request's events as they come, then the session ends (OK) with the daemon
         try:
             rest.extend(busy.call)
-        except grpc.RpcError as e:
-            ended.append(e.code())
+        except grpc.RpcError:
+            pass
+        ended.append(busy.call.code())
     reader = threading.Thread(target=read)
     reader.start()
     t0 = time.monotonic()
@@ -236,7 +239,11 @@ def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
     assert time.monotonic() - t0 < 15, "the drain waited on a session between requests"
     reader.join(30)
     assert rest and rest[-1].finish_reason == "length" and rest[-1].timings.generated_tokens == 300
-    assert ended and waiting.call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert ended == [grpc.StatusCode.OK]  # after its last event, nothing of it cut off
+    assert waiting.call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    with pytest.raises(grpc.RpcError) as e:  # a Client's session ended with it: a new one finds no daemon
+        client.generate("tiny", [1], max_tokens=1, temperature=0)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_a_client_of_a_daemon_without_session_sends_calls(daemon):
