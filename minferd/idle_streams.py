@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterator
 import grpc
 
 
+FLUSH_S = 0.5  # a draining stream waits this long at least: its last events have left by then
+
+
 class IdleStreams:
     def __init__(self, idle_seconds: float):
         self.idle = idle_seconds
@@ -40,14 +43,13 @@ class IdleStreams:
             yield item
 
     def drain(self) -> None:
-        """The daemon is stopping: the streams waiting now end at once, and so does any that comes
-        to wait later (its request done), so that an idle session never holds the drain."""
+        """The daemon is stopping: the streams waiting now end within a moment, and any that comes
+        to wait later (its request done) at once, so that an idle session never holds the drain."""
         with self._lock:
             self._draining = True
-            cancels = [cancel for _, cancel in self._waiting.values()]
-            self._waiting.clear()
-        for cancel in cancels:
-            cancel()
+            for key, (deadline, cancel) in self._waiting.items():
+                # Not before FLUSH_S of waiting: a cancel can cut off the events sent just before it.
+                self._waiting[key] = (min(deadline, deadline - self.idle + FLUSH_S), cancel)
 
     def _wait(self, key: int, cancel) -> bool:
         with self._lock:
@@ -63,7 +65,7 @@ class IdleStreams:
         """Until no stream waits (the daemon's threads go back to what they were without sessions)."""
         tick = min(1.0, self.idle / 4)
         while True:
-            time.sleep(tick)
+            time.sleep(FLUSH_S / 4 if self._draining else tick)
             now = time.monotonic()
             with self._lock:
                 due = [k for k, (deadline, _) in self._waiting.items() if deadline <= now]
