@@ -161,8 +161,9 @@ class MinferdServicer:
         """Many Generate / Chat requests over one stream, one after another: each request's events end
         with its closing event (finish_reason set) before the next request is read. A client that
         sends many short requests pays gRPC's call setup once, not once a request. A request that
-        fails ends the session with the status Generate would end with; an idle session ends after
-        the daemon's session idle time (OK, no events), and the client opens another.
+        fails ends the session with the status Generate would end with. A session waiting past the
+        daemon's --session-idle ends CANCELLED, and one a draining daemon ends between requests OK:
+        the client opens another.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
