@@ -10,6 +10,8 @@ import os
 import tempfile
 import threading
 
+from minferd.client_session import STALE, Session, SessionEnded
+
 KINDS = ("weights", "w16", "kv", "scratch")
 PATHS = {"auto": 0, "w16": 1, "mmq": 2, "fused_b": 3}  # MatmulPath enum values
 
@@ -117,7 +119,6 @@ class Client:
         return self._stream(self.stub.Generate if kind == "generate" else self.stub.Chat, request, on_event)
 
     def _on_session(self, kind: str, request, on_event):
-        from minferd.client_session import STALE, Session, SessionEnded
         while True:
             s = self._session = self._session or Session(self.stub, self.pb, self.metadata)
             got = []

@@ -92,7 +92,7 @@ class OpenAIFront:
     def __init__(self, host: Host, models_dirs, keep_alive: float, token: str | None = None, metrics=None,
                  max_requests: int = config.HTTP_MAX_REQUESTS):
         self.host, self.models_dirs, self.keep_alive = host, tuple(models_dirs), keep_alive
-        self.token, self.metrics = token, metrics
+        self.metrics = metrics
         if not isinstance(max_requests, int) or max_requests < 1:
             raise InvalidRequest(f"http_max_requests {excerpt(repr(max_requests))}: a whole number >= 1")
         # A generation blocks a thread while it waits for its next token (or its model's load):
