@@ -246,7 +246,7 @@ class OpenAIFront:
         # first chunks): each costs two thread wakes, and four of them stood between a short
         # request and its first chunk (s47, 2 cores, with TokenGate: the tiny model's first chunk
         # 11.8 / 12.0 -> 9.3 / 10.0 ms in turns, a gRPC Session's 8.6-9.1 in the same daemons).
-        name, ids, reply, chunks, head = await self._in_thread(self._start, body, chat, cancel)
+        name, ids, reply, rest, head = await self._in_thread(self._start, body, chat, cancel)
 
         def ended():
             cancel.set()  # the client went away (or the answer is complete): the engine drops it
@@ -257,15 +257,17 @@ class OpenAIFront:
                                      r.timings if r else None)
 
         if not body.get("stream"):
-            ended()
-            return JSONResponse(head)
+            try:
+                return JSONResponse(await self._in_thread(reply.whole, rest))
+            finally:
+                ended()
 
         async def sse():
             try:
                 yield ""  # primed below
                 for chunk in head:
                     yield f"data: {json.dumps(chunk)}\n\n"
-                while (chunk := await self._in_thread(next, chunks, None)) is not None:
+                while (chunk := await self._in_thread(next, rest, None)) is not None:
                     yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
@@ -279,9 +281,9 @@ class OpenAIFront:
         return ClosingStream(stream, media_type="text/event-stream")
 
     def _start(self, body: dict, chat: bool, cancel: threading.Event):
-        """In a worker thread: (name, ids, reply, the chunks to come, the chunks up to the first
-        token's), or for a whole answer its JSON in place of the chunks. A refusal raises here, so
-        it is still an HTTP error."""
+        """In a worker thread: (name, ids, reply, what is to come, what came): a stream's chunks after
+        and up to its first token's; a whole answer's events, not started, and None. A refusal before the first chunk
+        raises here, so it is still an HTTP error."""
         name = self._model(body.get("model"))
         ids = (self._chat_ids if chat else self._prompt_ids)(name, body.get("messages") if chat else body.get("prompt"))
         params = self._params(body, len(ids), self.host.get(name).ctx)
@@ -292,9 +294,9 @@ class OpenAIFront:
             self.host.set_keep_alive(name, float(keep))
         reply = Reply(name, chat, len(ids), bool((body.get("stream_options") or {}).get("include_usage")))
         events = self.host.stream(name, ids, params, cancel=cancel)
+        if not body.get("stream"):
+            return name, ids, reply, events, None
         try:
-            if not body.get("stream"):
-                return name, ids, reply, None, reply.whole(events)
             chunks = reply.chunks(next(events, None), events)
             return name, ids, reply, chunks, list(itertools.islice(chunks, 2 if chat else 1))  # a chat's role first
         except BaseException:
