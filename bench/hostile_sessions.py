@@ -2,7 +2,10 @@
 expected"."""
 from hostile_harness import *  # noqa: F401,F403
 
+import collections  # noqa: E402
 import queue  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
 
 
 class _Open:
@@ -74,3 +77,91 @@ def sessions(d, k):
         s.call.cancel()
     time.sleep(2.0)
     k.check(d.threads() <= max(t0, 256 + 12), f"threads {t0} -> {d.threads()} after the sessions went")
+
+
+def _connect(d, hello: bytes | None = None):
+    """A raw connection to the daemon's session socket; hello: a SocketHello's bytes, sent framed."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(d.address.removeprefix("unix://") + ".session")  # blocking: waits its turn in the accept queue
+    s.settimeout(60)
+    if hello is not None:
+        s.sendall(struct.pack("<I", len(hello)) + hello)
+    return s
+
+
+def _replies(s) -> list:
+    """Every reply until the daemon closes the socket (a reset counts as closed)."""
+    f, out = s.makefile("rb"), []
+    try:
+        while len(head := f.read(4)) == 4:
+            out.append(pb2.SocketReply.FromString(f.read(struct.unpack("<I", head)[0])))
+    except OSError:
+        pass
+    s.close()
+    return out
+
+
+def _closing(s) -> bool:
+    """Whether the request sent on s got its closing event (s is closed then)."""
+    f = s.makefile("rb")
+    try:
+        while len(head := f.read(4)) == 4:
+            r = pb2.SocketReply.FromString(f.read(struct.unpack("<I", head)[0]))
+            if r.WhichOneof("reply") != "event" or r.event.finish_reason:
+                return r.WhichOneof("reply") == "event"
+        return False
+    finally:
+        s.close()
+
+
+def _code(s) -> str:
+    got = _replies(s)
+    return got[-1].error.code if got and got[-1].WhichOneof("reply") == "error" else "CLOSED"
+
+
+def session_socket(d, k):
+    """The session socket (the daemon's path + .session): 300 connections at once that never say hello; one
+    hello with a wrong token; a frame announcing 1 GiB; half a header, then nothing; a 3000-token request whose
+    client hangs up after its first event; 1000 connections opened and closed at once |
+    past the 224 places a RESOURCE_EXHAUSTED frame at once, GetStatus within 0.5 s meanwhile, the held ones closed
+    within the 5 s hello limit; UNAUTHENTICATED; INVALID_ARGUMENT before the body is read; half a header
+    closed after the 10 s frame limit; the hung-up request cancelled; afterwards 224 connections serve and the
+    threads are back"""
+    t0 = d.threads()
+    token = pb2.SocketHello(token=TOKEN).SerializeToString()
+    held = [_connect(d) for _ in range(300)]
+    time.sleep(1.0)
+    k.expect("GetStatus behind 300 silent connections", attempt(lambda: d.status(timeout=2)), OK, within=STALL)
+    t1 = time.monotonic()
+    codes = collections.Counter(_code(s) for s in held)
+    k.check(codes["RESOURCE_EXHAUSTED"] == 76 and codes["CLOSED"] == 224, f"300 silent connections: {dict(codes)}")
+    k.check(time.monotonic() - t1 < 8, f"silent connections closed after {time.monotonic() - t1:.1f} s")
+    got = _code(_connect(d, pb2.SocketHello(token="wrong-" + TOKEN).SerializeToString()))
+    k.check(got == "UNAUTHENTICATED", f"a wrong token: {got}")
+    s = _connect(d, token)
+    s.sendall(struct.pack("<I", 1 << 30))
+    k.check(_code(s) == "INVALID_ARGUMENT", "a 1 GiB frame not refused INVALID_ARGUMENT")
+    s = _connect(d, token)
+    s.sendall(b"\x10\x00")
+    t1 = time.monotonic()
+    k.check(_code(s) == "CLOSED" and 9 < time.monotonic() - t1 < 15, f"half a header: {time.monotonic() - t1:.1f} s")
+    s = _connect(d, token)
+    body = pb2.SessionRequest(generate=pb2.GenerateRequest(model="q", text="hi", sampling=SP(
+        max_tokens=3000, temperature=0))).SerializeToString()
+    s.sendall(struct.pack("<I", len(body)) + body)
+    k.check(len(s.recv(4)) > 0, "no first event")
+    s.close()
+    time.sleep(2.0)
+    running = sum(m.engine.running for m in d.status().models)
+    k.check(running == 0, f"{running} sequences still running after their client hung up")
+    for s in [_connect(d) for _ in range(1000)]:
+        s.close()
+    time.sleep(2.0)
+    again = [_connect(d, token) for _ in range(224)]
+    one = pb2.SessionRequest(generate=pb2.GenerateRequest(model="q", text="hi", sampling=SP(max_tokens=1)))
+    for s in again:
+        s.sendall(struct.pack("<I", one.ByteSize()) + one.SerializeToString())
+    served = sum(_closing(s) for s in again)
+    k.check(served == 224, f"{served} of 224 connections served after the storms: places not given back")
+    time.sleep(2.0)
+    k.check(d.threads() <= max(t0, 256 + 12), f"threads {t0} -> {d.threads()} after the connections went")

@@ -18,7 +18,7 @@ from hostile_attacks import *  # noqa: F401,F403,E402
 from hostile_transport import *  # noqa: F401,F403,E402
 from hostile_beyond import *  # noqa: F401,F403,E402
 from hostile_harness import *  # noqa: F401,F403,E402
-from hostile_sessions import sessions  # noqa: E402
+from hostile_sessions import session_socket, sessions  # noqa: E402
 
 
 ISSUE = [reaper_unload_race, truncate_during_load, symlink_swap, transport_rules, health_metrics_leaks, stalls_behind_work,
@@ -26,7 +26,7 @@ ISSUE = [reaper_unload_race, truncate_during_load, symlink_swap, transport_rules
          same_file_200_names, cli_rules]
 BEYOND = [streams_abandoned, streams_pending, never_reading, deadlines_1ms, keep_alive_values, sampling_extremes,
           load_unload_storm, reflection_token, metadata_16k, special_files, hard_link, utf8_edges, bad_token_ids,
-          health_watch_storm, metrics_idle_connections, metrics_series_of_unloaded, socket_garbage, odd_fields, sessions]
+          health_watch_storm, metrics_idle_connections, metrics_series_of_unloaded, socket_garbage, odd_fields, sessions, session_socket]
 
 
 # ---- the files, the daemon, the runner -----------------------------------------------------------

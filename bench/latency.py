@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import serve  # noqa: E402  (bench/serve.py: its channel and streaming Generate)
 from minferd._proto import pb2, pb2_grpc  # noqa: E402
 from minferd.client_session import Session  # noqa: E402
+from minferd.client_socket import SocketSession  # noqa: E402
+from minferd.unix_socket import session_path, unix_path  # noqa: E402
 from minferd.config import KV_BLOCK_TOKENS  # noqa: E402
 
 
@@ -55,25 +57,28 @@ def minferd_side(model: Path, args, lengths: list[int], rand) -> dict:
         stub = pb2_grpc.MinferdStub(ch)
         list(stub.LoadModel(pb2.LoadModelRequest(name=serve.MODEL_NAME, path=model.name, ctx=ctx, pinned=True,
                                                  keep_alive_seconds=-1.0), timeout=600))
-        ttft, session = {}, Session(stub, pb2, ())
+        # Each rep times a Generate call, a request on a gRPC Session and one on the session socket
+        # (minferd.Client's way), in turns.
+        ways = {"": None, "session_": Session(stub, pb2, ()),
+                "socket_": SocketSession(session_path(unix_path(daemon["address"])), pb2, None)}
+        ttft = {}
         for n in lengths:
-            samples, engine, on_session, session_engine = [], [], [], []
+            got = {w: ([], []) for w in ways}
             for rep in range(args.reps + 1):  # the first warms this length's shapes up (compiles, graphs)
-                ms, engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens)
-                session_ms, session_engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens,
-                                                               session)
-                if rep:
-                    samples.append(ms)
-                    engine.append(engine_ms)
-                    on_session.append(session_ms)
-                    session_engine.append(session_engine_ms)
+                for w, way in ways.items():
+                    ms, engine_ms = first_token_ms(stub, rand(n), args.timeout, args.ttft_max_tokens, way)
+                    if rep:
+                        got[w][0].append(ms)
+                        got[w][1].append(engine_ms)
             # engine_ms: the daemon's own prefill_ms (request queued -> first token sampled); the
-            # rest of the TTFT is gRPC and the threads' hand-offs.
-            ttft[n] = {"median_ms": statistics.median(samples), "samples_ms": samples,
-                       "engine_median_ms": statistics.median(engine),
-                       "session_median_ms": statistics.median(on_session), "session_samples_ms": on_session,
-                       "session_engine_median_ms": statistics.median(session_engine)}
-        session.close()
+            # rest of the TTFT is the transport and the threads' hand-offs.
+            ttft[n] = {}
+            for w, (ms, engine_ms) in got.items():
+                ttft[n].update({f"{w}median_ms": statistics.median(ms), f"{w}samples_ms": ms,
+                                f"{w}engine_median_ms": statistics.median(engine_ms)})
+        for way in ways.values():
+            if way is not None:
+                way.close()
         serve.generate(stub, rand(16), args.gen_tokens, args.timeout)  # warm-up
         rates, tries = [], 0
         while len(rates) < args.reps and tries < 10 * args.reps:
@@ -113,7 +118,7 @@ def first_token_ms(stub, ids: list[int], timeout: float, max_tokens: int = 1, se
         if ev.HasField("timings"):
             engine_ms = ev.timings.prefill_ms
     t0 = time.perf_counter()
-    if session is not None:
+    if session is not None:  # a gRPC Session or the session socket's
         session.run("generate", req, take)
     else:
         for ev in stub.Generate(req, timeout=timeout):
@@ -168,15 +173,17 @@ def table(res: dict) -> str:
     lines = [f"minferd latency: {res['model']} on {ours['device']} (ctx {ours['ctx']}, the pool's plan: "
              f"{ours.get('matmul_path', '?')}), medians of {res['reps']}",
              f"llama.cpp: {ref['how'] if ref else 'not run'}",
-             f"{'prompt':>8} {'TTFT ms':>10} {'engine ms':>10} {'llama ms':>10} {'ratio':>7} "
-             f"{'session ms':>10} {'engine ms':>10} {'ratio':>7}"]
+             f"{'prompt':>8} {'llama ms':>10} " + " ".join(
+                 f"{w + ' ms':>10} {'engine ms':>10} {'ratio':>7}" for w in ("call", "session", "socket"))]
+    nan = float("nan")
     for n, t in ours["ttft"].items():
         r = ref["ttft"].get(n) if ref else None
-        r_ms = r["median_ms"] if r else float("nan")
-        s_ms = t.get("session_median_ms", float("nan"))
-        lines.append(f"{n:>8} {t['median_ms']:>10.2f} {t.get('engine_median_ms', float('nan')):>10.2f} "
-                     f"{r_ms:>10.2f} {t['median_ms'] / r_ms:>7.2f} {s_ms:>10.2f} "
-                     f"{t.get('session_engine_median_ms', float('nan')):>10.2f} {s_ms / r_ms:>7.2f}")
+        r_ms = r["median_ms"] if r else nan
+        cols = []
+        for w in ("", "session_", "socket_"):
+            ms = t.get(f"{w}median_ms", nan)
+            cols.append(f"{ms:>10.2f} {t.get(f'{w}engine_median_ms', nan):>10.2f} {ms / r_ms:>7.2f}")
+        lines.append(f"{n:>8} {r_ms:>10.2f} " + " ".join(cols))
     d_ref = ref["decode_tok_s"] if ref and ref["decode_tok_s"] else float("nan")
     lines.append(f"decode tg{res['gen_tokens']}: {ours['decode_tok_s']:.1f} tok/s, llama.cpp {d_ref:.1f} "
                  f"({ours['decode_tok_s'] / d_ref:.2f}x)")

@@ -5,7 +5,8 @@ a worker thread the handler hands the request to and waits on ("engine": minferd
 model's thread makes the token; "engine_tail": that thread then runs --tail-us of Python, as the
 engine's bookkeeping after a first token holds the GIL the handler needs), beside a bare wake of a
 sleeping thread by a queue. Each also on an open bidi stream carrying one request after another
-(minferd's Session), which skips gRPC's call setup.
+(minferd's Session), which skips gRPC's call setup, and on minferd's session socket (no gRPC at
+all: minferd/session_socket.py's server and minferd/client_socket.py's client).
 
     python bench/rpc_hops.py [--reps 2000] [--json OUT]
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import queue
 import statistics
@@ -35,6 +37,9 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
 import serve  # noqa: E402  (bench/serve.py: minferd's client channel)
+from minferd._proto import pb2  # noqa: E402
+from minferd.client_socket import SocketSession  # noqa: E402
+from minferd.session_socket import SessionSocket  # noqa: E402
 
 METHOD = "/hops.Hops/Stream"
 SESSION = "/hops.Hops/Session"
@@ -127,6 +132,43 @@ class AioServer:
         self.thread.join(30)
 
 
+class HopsServicer:
+    """What minferd's session socket asks of the servicer (minferd/session_socket.py), answering
+    as the gRPC handlers above do: the closing event made inline or by the engine thread."""
+
+    def __init__(self, engine: Engine | None):
+        self.engine = engine
+
+    def stream_place(self):
+        return contextlib.nullcontext()
+
+    def generate_events(self, request, gone):
+        if self.engine is None:
+            yield pb2.GenerateEvent(token_id=-1, finish_reason="length")
+            return
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        self.engine.inbox.put(box.put)
+        box.get()
+        yield pb2.GenerateEvent(token_id=-1, finish_reason="length")
+
+    chat_events = generate_events
+
+
+def socket_ms(path: str, reps: int) -> float:
+    """Requests in turn on minferd's session socket (its own server and client code)."""
+    s = SocketSession(path, pb2, None)
+    req = pb2.GenerateRequest(model="m")
+    samples = []
+    for i in range(reps + reps // 10):
+        time.sleep(0.001)
+        t = time.perf_counter()
+        s.run("generate", req, lambda e: None)
+        if i >= reps // 10:
+            samples.append((time.perf_counter() - t) * 1e3)
+    s.close()
+    return statistics.median(samples)
+
+
 def first_message_ms(address: str, reps: int, on_session: bool = False) -> float:
     """A call of its own a request, or (on_session) requests in turn on one open bidi stream, as
     minferd's Session: the request's message fed through a queue to grpc's sending thread."""
@@ -184,6 +226,13 @@ def main(argv=None) -> int:
                     got[f"{kind}_{where}_session_ms"] = first_message_ms(address, args.reps, on_session=True)
                 finally:
                     server.stop(None) if kind == "sync" else server.stop()
+        for where in ("inline", "engine", "engine_tail"):
+            engine = None if where == "inline" else Engine(args.tail_us if where == "engine_tail" else 0.0)
+            server = SessionSocket(HopsServicer(engine), f"{tmp}/socket-{where}.sock", None, 1 << 20, 60.0)
+            try:
+                got[f"socket_{where}_ms"] = socket_ms(server.bound.path, args.reps)
+            finally:
+                server.drain()
     print(f"thread wake (queue put -> the sleeping thread runs): {got['thread_wake_ms']:.3f} ms")
     for kind in ("sync", "aio"):
         print(f"{kind:>4} server, one-message stream: inline {got[f'{kind}_inline_ms']:.3f} ms, "
@@ -192,6 +241,8 @@ def main(argv=None) -> int:
         print(f"{kind:>4} server, the same on an open session stream: inline {got[f'{kind}_inline_session_ms']:.3f} ms, "
               f"made by an engine thread {got[f'{kind}_engine_session_ms']:.3f} ms, "
               f"with its Python after it {got[f'{kind}_engine_tail_session_ms']:.3f} ms")
+    print(f"session socket: inline {got['socket_inline_ms']:.3f} ms, made by an engine thread "
+          f"{got['socket_engine_ms']:.3f} ms, with its Python after it {got['socket_engine_tail_ms']:.3f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(got, indent=1))
     return 0

@@ -70,6 +70,16 @@ def channel_options() -> tuple:
     return ((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
 
 
+def _session_socket(address: str) -> str | None:
+    from minferd.errors import InvalidRequest
+    from minferd.unix_socket import session_path, unix_path
+    try:
+        path = unix_path(address)
+    except InvalidRequest:  # grpc says what is wrong with the address when it is used
+        return None
+    return session_path(path) if path else None
+
+
 class Client:
     """A minferd connection that speaks plain Python: dicts, lists, str. Errors are grpc.RpcError."""
 
@@ -89,6 +99,8 @@ class Client:
         else:
             self.channel = grpc.insecure_channel(self.address, options=channel_options())
         self.stub = pb2_grpc.MinferdStub(self.channel)
+        self._token = token
+        self._socket_path = None if ca_cert or tls else _session_socket(self.address)
         self._session, self._session_lock = None, threading.Lock()
         self._sessions = True  # False once the daemon says it has no Session (an older one)
 
@@ -120,7 +132,7 @@ class Client:
 
     def _on_session(self, kind: str, request, on_event):
         while True:
-            s = self._session = self._session or Session(self.stub, self.pb, self.metadata)
+            s = self._session = self._session or self._new_session()
             got = []
             try:
                 return s.run(kind, request, lambda e: (got.append(1), on_event(e)))
@@ -131,6 +143,17 @@ class Client:
             except BaseException:
                 self._session = None
                 raise
+
+    def _new_session(self):
+        """On the daemon's session socket where it has one (a round trip ~10x cheaper than gRPC's),
+        else a gRPC Session: a TCP daemon's, one with MINFERD_SESSION_SOCKET=0, an older one."""
+        if self._socket_path:
+            from minferd.client_socket import SocketSession
+            try:
+                return SocketSession(self._socket_path, self.pb, self._token)
+            except OSError:
+                self._socket_path = None
+        return Session(self.stub, self.pb, self.metadata)
 
     def _unary(self, method, request):
         return method(request, timeout=self.timeout or 60.0, metadata=self.metadata)

@@ -68,6 +68,7 @@ VALVES = {
     "MINFERD_PDL": "graphs of at most this many rows launch their nodes programmatically (default 64; 0: none)",
     "MINFERD_RUN_AHEAD": "0: decode steps never run ahead of their tokens on the host; 1: they do even where the backend gains nothing (the CPU's: the tests') (engine.py)",
     "MINFERD_X_PLANES": "1: decode mat-vecs read one int8 plane of x (llama.cpp's q8_1 precision, ~0.5% per product) instead of two (~1e-5): fewer loads and dp4a a weight (the A/B of bench/latency.py)",
+    "MINFERD_SESSION_SOCKET": "0: no session socket beside the daemon's unix socket (session_socket.py); clients then use gRPC's Session (the A/B of bench/latency.py)",
     "MINFERD_CALLER_STEPS": "0: a request never runs its first step on its own thread, even where its engine is idle (engine.py; the A/B of bench/latency.py)",
 }
 

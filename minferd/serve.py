@@ -11,20 +11,22 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-from minferd.config import GIL_SWITCH_SECONDS, GRPC_MAX_STREAMS, SERVE_TICK_SECONDS, ServeConfig
+from minferd.config import GIL_SWITCH_SECONDS, GRPC_MAX_STREAMS, SERVE_TICK_SECONDS, ServeConfig, valve
 from minferd.errors import InvalidRequest, excerpt
 from minferd.fleet import Fleet
 from minferd.host import Host, LoadOptions
 from minferd.model.loader import resolve_path
 from minferd.pool.budget import measure_device, parse_budget, resolve_budget
 from minferd.server import SERVICE, MinferdServicer, create_server, new_health
+from minferd.session_socket import SessionSocket
 from minferd.units import fmt_bytes
-from minferd.unix_socket import BoundSocket, bind, unix_path
+from minferd.unix_socket import BoundSocket, bind, session_path, unix_path
 
 log = logging.getLogger("minferd")
 
@@ -212,6 +214,19 @@ def reap_until(stop: threading.Event, host: Fleet, parent: ParentWatch) -> None:
             return
 
 
+def session_socket(servicer: MinferdServicer, sock: BoundSocket | None, token: str | None, cfg: ServeConfig):
+    """The session socket beside a unix socket's (session_socket.py), unless MINFERD_SESSION_SOCKET=0
+    or its name would not fit; a TCP daemon has none (its clients are not on this host)."""
+    path = session_path(sock.path) if sock else None
+    if path is None or valve("MINFERD_SESSION_SOCKET") == "0":
+        return None
+    try:
+        return SessionSocket(servicer, path, token, cfg.max_message_bytes, cfg.session_idle)
+    except InvalidRequest as e:  # its clients send gRPC Sessions instead: nothing is lost but speed
+        log.warning("no session socket: %s", e)
+        return None
+
+
 def serve(cfg: ServeConfig) -> int:
     token = cfg.bearer_token()
     check_transport(cfg, token)
@@ -236,6 +251,7 @@ def serve(cfg: ServeConfig) -> int:
     if sock is None:
         _bind_tcp(server, cfg)
     server.start()
+    fast = session_socket(servicer, sock, token, cfg)
     http = None
     try:
         if cfg.http_address():
@@ -261,6 +277,7 @@ def serve(cfg: ServeConfig) -> int:
         where = f"unix:{sock.path}" if sock else cfg.listen
         also = f", HTTP on http://{cfg.http}" if http else ""
         budgets = "; ".join(f"{d}, budget {fmt_bytes(h.ledger.capacity)}" for d, h in host.hosts.items())
+        also += f", sessions on {fast.bound.path}" if fast else ""
         print(f"minferd: listening on {where}{also} ({budgets})", file=sys.stderr, flush=True)
         reap_until(stop, host, parent)
         for svc in ("", SERVICE):
@@ -268,11 +285,18 @@ def serve(cfg: ServeConfig) -> int:
     finally:
         if sock:  # at once: a successor may bind the path while this one drains
             sock.release()
+        if fast:
+            fast.bound.release()
     if http:  # uvicorn lets in-flight requests finish once told to exit
         http.should_exit = True
         http.thread.join(cfg.drain_seconds)
     servicer.idle_streams.drain()  # a Session between requests is no request in flight
+    if fast:
+        fast.drain()
+    t0 = time.monotonic()
     server.stop(grace=cfg.drain_seconds).wait()  # refuses new calls, lets in-flight ones finish
+    if fast:
+        fast.join(max(0.0, cfg.drain_seconds - (time.monotonic() - t0)))
     if metrics_http:
         metrics_http.shutdown()
     host.unload_all()

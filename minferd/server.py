@@ -108,7 +108,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         self.idle_streams = IdleStreams(session_idle)  # a Session holds its place while it waits
 
     @contextlib.contextmanager
-    def _stream_place(self):
+    def stream_place(self):
         if not self._streams.acquire(blocking=False):
             raise Busy(f"{self.max_streams} generations are in flight, the most this daemon streams at once; "
                        f"retry when one ends")
@@ -117,13 +117,17 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         finally:
             self._streams.release()
 
-    def _abort(self, context, e: BaseException):
+    def refusal(self, e: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status a request that raised e ends with, and its text (counted, logged if internal)."""
         code = status_code(e)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("internal error")
         if self.metrics:
             self.metrics.refusal(code.name)
-        context.abort(code, str(e) if code != grpc.StatusCode.INTERNAL else f"internal error: {type(e).__name__}: {e}")
+        return code, str(e) if code != grpc.StatusCode.INTERNAL else f"internal error: {type(e).__name__}: {e}"
+
+    def _abort(self, context, e: BaseException):
+        context.abort(*self.refusal(e))
 
     @_edge
     def LoadModel(self, request, context):
@@ -193,10 +197,10 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Generate(self, request, context):
-        with self._stream_place():
-            yield from self._generate(request, cancelled_event(context))
+        with self.stream_place():
+            yield from self.generate_events(request, cancelled_event(context))
 
-    def _generate(self, request, gone: threading.Event):
+    def generate_events(self, request, gone: threading.Event):
         params = sampling(request.sampling)
         self._prepare_model(request)
         if request.WhichOneof("prompt") == "ids":
@@ -215,10 +219,10 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
 
     @_edge
     def Chat(self, request, context):
-        with self._stream_place():
-            yield from self._chat(request, cancelled_event(context))
+        with self.stream_place():
+            yield from self.chat_events(request, cancelled_event(context))
 
-    def _chat(self, request, gone: threading.Event):
+    def chat_events(self, request, gone: threading.Event):
         check_chat([(m.role, m.content) for m in request.messages])
         self._prepare_model(request)
         lm = self.host.get(request.model)
@@ -233,13 +237,13 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     def Session(self, requests, context):
         """Generate and Chat requests in turn over one call (the proto says why); a request that
         fails ends the session with its status, as it would end its own call."""
-        with self._stream_place():
+        with self.stream_place():
             gone = cancelled_event(context)
             for request in self.idle_streams.requests(requests, context.cancel):
                 kind = request.WhichOneof("request")
                 if kind is None:
                     raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
-                yield from (self._generate if kind == "generate" else self._chat)(getattr(request, kind), gone)
+                yield from (self.generate_events if kind == "generate" else self.chat_events)(getattr(request, kind), gone)
 
     def _stream(self, model, ids, params, gone: threading.Event):
         t0 = time.perf_counter()

@@ -20,6 +20,13 @@ _KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory", stat.S_IF
           stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
+def session_path(grpc_path: str) -> str | None:
+    """Where the session socket (session_socket.py) of a daemon listening on unix socket
+    `grpc_path` lives; None where the name would not fit a unix socket path."""
+    path = grpc_path + ".session"
+    return path if len(os.fsencode(path)) <= SUN_PATH_MAX else None
+
+
 def unix_path(listen: str) -> str | None:
     """unix:///abs, unix:/abs and unix:relative (to the working directory) -> an absolute path;
     None for host:port."""
@@ -63,7 +70,7 @@ class BoundSocket:
                 pass
 
 
-def _make_parent(path: str) -> None:
+def make_parent(path: str) -> None:
     parent = os.path.dirname(path)
     if os.path.isdir(parent):
         return  # an existing directory is the operator's: its mode is left alone
@@ -74,7 +81,7 @@ def _make_parent(path: str) -> None:
         os.umask(old)
 
 
-def _clear_stale(path: str) -> None:
+def clear_stale(path: str) -> None:
     """Nothing at the path, or a stale socket (connect refused) that is removed; anything else is
     refused and left exactly as it is."""
     try:
@@ -102,8 +109,8 @@ def _clear_stale(path: str) -> None:
 
 def bind(server, path: str) -> BoundSocket:
     """Bind `server` (grpc.Server) on the unix socket `path`, mode 0600 from its first instant."""
-    _make_parent(path)
-    _clear_stale(path)
+    make_parent(path)
+    clear_stale(path)
     private = os.path.join(os.path.dirname(path), f".minferd-{os.getpid()}.sock")
     if len(os.fsencode(private)) > SUN_PATH_MAX:
         private = os.path.join(os.path.dirname(path), f".m{os.getpid()}")

@@ -22,7 +22,7 @@ def targets():
     import minferd.server as server
     return [(guard.DecodeGuard, "intercept_service", "intercept", False),
             (server.MinferdServicer, "Generate", "generate", True),
-            (server.MinferdServicer, "_generate", "request", True),  # a call's or a Session's
+            (server.MinferdServicer, "generate_events", "request", True),  # a call's, a Session's or the session socket's
             (server.MinferdServicer, "_prepare_model", "prepare", False),
             (server.MinferdServicer, "_stream", "stream", True),
             (engine.ModelEngine, "step", "step", False),

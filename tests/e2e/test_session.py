@@ -1,7 +1,7 @@
 """The Session stream against one real daemon: Generate and Chat requests in turn on one call give
 what their own calls give; a bad request ends it with Generate's status and the daemon serves on;
-an idle one ends CANCELLED and gives its stream place back; minferd.Client rides one and resends a
-request an idled-out session never read.
+an idle one ends CANCELLED and gives its stream place back; minferd.Client rides one (on the session socket
+where the daemon has one, test_session_socket.py) and resends a request an idled-out session never read.
 """
 from __future__ import annotations
 
@@ -144,8 +144,16 @@ def test_an_idle_session_ends_and_gives_its_stream_place_back(daemon):
     assert len(tokens(when_free(lambda: list(stub.Generate(generate([1], n=2), timeout=60))))) == 2
 
 
-def test_client_rides_one_session_and_resends_after_an_idle_end(daemon):
-    c = Client(daemon.address)
+def grpc_client(address, **kw) -> Client:
+    """A Client that sends gRPC Sessions (as with a TCP daemon's): its session socket not tried."""
+    c = Client(address, **kw)
+    c._socket_path = None
+    return c
+
+
+@pytest.mark.parametrize("way", ["socket", "grpc"])
+def test_client_rides_one_session_and_resends_after_an_idle_end(daemon, way):
+    c = Client(daemon.address) if way == "socket" else grpc_client(daemon.address)
     try:
         first = c.generate("tiny", [1, 2, 3], max_tokens=4, temperature=0)
         again = c.generate("tiny", [1, 2, 3], max_tokens=4, temperature=0)
@@ -202,11 +210,16 @@ def test_a_client_that_cancels_ends_its_session_quietly(daemon):
 
 
 def test_a_client_dropped_unclosed_closes_its_session(daemon):
-    c = Client(daemon.address)
+    c = grpc_client(daemon.address)
     assert len(when_free(lambda: c.generate("tiny", [5], max_tokens=2, temperature=0))["token_ids"]) == 2
     call = c._session._call
     del c  # its place goes back now, not when the daemon finds it idle
     assert call.code() == grpc.StatusCode.CANCELLED
+    c = Client(daemon.address)  # the same on the session socket
+    assert len(when_free(lambda: c.generate("tiny", [5], max_tokens=2, temperature=0))["token_ids"]) == 2
+    sock = c._session.sock
+    del c
+    assert sock.fileno() == -1
 
 
 def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
@@ -218,8 +231,9 @@ def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
     waiting = Open(stub)
     waiting.send(generate=pb2.GenerateRequest(model="tiny", ids=pb2.TokenIds(ids=[1]),
                                               sampling=pb2.SamplingParams(temperature=0, max_tokens=1)))
-    client = Client(d.address)
-    assert len(client.generate("tiny", [1], max_tokens=2, temperature=0)["token_ids"]) == 2
+    client, on_grpc = Client(d.address), grpc_client(d.address)  # on the session socket, and on gRPC
+    for c in (client, on_grpc):
+        assert len(c.generate("tiny", [1], max_tokens=2, temperature=0)["token_ids"]) == 2
     busy = Open(stub)
     busy.requests.put(pb2.SessionRequest(generate=pb2.GenerateRequest(
         model="tiny", ids=pb2.TokenIds(ids=[1]), sampling=pb2.SamplingParams(temperature=0, max_tokens=300))))
@@ -241,15 +255,16 @@ def test_an_idle_session_does_not_hold_the_drain(tmp_path, synth_model):
     assert rest and rest[-1].finish_reason == "length" and rest[-1].timings.generated_tokens == 300
     assert ended == [grpc.StatusCode.OK]  # after its last event, nothing of it cut off
     assert waiting.call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
-    with pytest.raises(grpc.RpcError) as e:  # a Client's session ended with it: a new one finds no daemon
-        client.generate("tiny", [1], max_tokens=1, temperature=0)
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    for c in (client, on_grpc):
+        with pytest.raises(grpc.RpcError) as e:  # a Client's session ended with it: a new one finds no daemon
+            c.generate("tiny", [1], max_tokens=1, temperature=0)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_a_client_of_a_daemon_without_session_sends_calls(daemon):
     """A daemon from before Session answers it UNIMPLEMENTED (here: the real daemon asked for a method
     it does not have): the Client sends that request and the next ones as calls of their own."""
-    c = Client(daemon.address)
+    c = grpc_client(daemon.address)
     try:
         c.stub.Session = c.channel.stream_stream("/minferd.v1.Minferd/NoSuchMethod",
                                                  request_serializer=pb2.SessionRequest.SerializeToString,

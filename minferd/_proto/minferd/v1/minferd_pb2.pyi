@@ -324,6 +324,28 @@ class SessionRequest(_message.Message):
     chat: ChatRequest
     def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., chat: _Optional[_Union[ChatRequest, _Mapping]] = ...) -> None: ...
 
+class SocketHello(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class SocketError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SocketReply(_message.Message):
+    __slots__ = ("event", "error")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    event: GenerateEvent
+    error: SocketError
+    def __init__(self, event: _Optional[_Union[GenerateEvent, _Mapping]] = ..., error: _Optional[_Union[SocketError, _Mapping]] = ...) -> None: ...
+
 class Timings(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s", "cached_tokens", "preemptions")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
