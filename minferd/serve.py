@@ -222,7 +222,7 @@ def session_socket(servicer: MinferdServicer, sock: BoundSocket | None, token: s
         return None
     try:
         return SessionSocket(servicer, path, token, cfg.max_message_bytes, cfg.session_idle)
-    except InvalidRequest as e:  # its clients send gRPC Sessions instead: nothing is lost but speed
+    except (InvalidRequest, OSError) as e:  # its clients send gRPC Sessions instead: nothing is lost but speed
         log.warning("no session socket: %s", e)
         return None
 
