@@ -2,9 +2,10 @@
 socket) whose modules are stamped (bench/ttft_split_site), REPS one-token generations of a prompt
 of TOKENS ids, and the median time of each stamp from the client's call, the client's receipt last.
 
-    python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines] [--session]
+    python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines] [--session | --socket]
 
---session sends the requests in turn on one Session stream instead of a Generate call each.
+--session sends the requests in turn on one Session stream instead of a Generate call each, --socket
+on the daemon's session socket.
 
 --lines also times every line the engine thread runs in the backend's and the engine's files
 (sitecustomize.LINE_FILES): a request's total per line, largest first. Tracing slows each line
@@ -31,13 +32,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import serve  # noqa: E402  (bench/serve.py: its channel and model name)
 from minferd._proto import pb2, pb2_grpc  # noqa: E402
 from minferd.client_session import Session  # noqa: E402
+from minferd.client_socket import SocketSession  # noqa: E402
+from minferd.unix_socket import session_path, unix_path  # noqa: E402
 from minferd.spawn import start_daemon, stop_daemon  # noqa: E402
 
 WARM_REPS = 50  # requests before the timed ones (graphs captured, caches warm)
 
 
 def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path,
-        on_session: bool = False) -> list[tuple[int, int]]:
+        on_session: str = "") -> list[tuple[int, int]]:
     """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`."""
     # start_daemon hands this process's environment to the daemon (a one-shot script: no restore)
     os.environ.update({"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
@@ -52,7 +55,11 @@ def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: P
                                                  keep_alive_seconds=-1.0), timeout=600))
         req = pb2.GenerateRequest(model=serve.MODEL_NAME, ids=pb2.TokenIds(ids=list(range(300, 300 + tokens))),
                                   sampling=pb2.SamplingParams(temperature=0.0, max_tokens=1))
-        session = Session(stub, pb2, ()) if on_session else None
+        session = None
+        if on_session == "session":
+            session = Session(stub, pb2, ())
+        elif on_session == "socket":
+            session = SocketSession(session_path(unix_path(d["address"])), pb2, None)
         for i in range(WARM_REPS + reps):
             got = []
             t = time.perf_counter_ns()
@@ -100,14 +107,17 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=150)
     ap.add_argument("--lines", action="store_true")
-    ap.add_argument("--session", action="store_true", help="the requests on one Session stream")
+    ap.add_argument("--session", action="store_const", const="session", dest="way", default="",
+                    help="the requests on one gRPC Session stream")
+    ap.add_argument("--socket", action="store_const", const="socket", dest="way",
+                    help="the requests on the daemon's session socket (minferd.Client's way)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="minferd-stamps-") as d:
         stamps = Path(d) / "stamps.tsv"
-        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps, args.session)
+        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps, args.way)
         at, lines = split(calls, stamps)
     print(f"{args.model.name} on {args.device}: {args.tokens}-token prompt, 1 token, {len(calls)} requests "
-          f"({'on one Session' if args.session else 'a Generate call each'}); "
+          f"({ {'session': 'on one Session', 'socket': 'on the session socket'}.get(args.way, 'a Generate call each')}); "
           f"median us from the client's call (n: stamps seen in the window)")
     for name, v in sorted(at.items(), key=lambda kv: statistics.median(kv[1])):
         print(f"  {name:22s} {statistics.median(v):9.1f}  (n={len(v)})")
