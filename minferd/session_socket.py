@@ -139,7 +139,10 @@ def _hung_up(conn: socket.socket) -> bool:
     """Whether the socket now at this fd has its peer gone (an event for a closed connection whose fd
     number a new one took is not taken for the new one's); unread data does not hide a hang-up."""
     p = select.poll()
-    p.register(conn, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    try:
+        p.register(conn, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    except ValueError:  # closed by its thread since the event came (fileno -1): nothing left to cancel
+        return False
     return bool(p.poll(0))
 
 

@@ -55,3 +55,12 @@ def test_the_hangup_watch_cancels_the_running_request_only():
     watch.close()
     for s in (a, c, d):
         s.close()
+
+
+def test_a_socket_closed_under_the_watch_is_no_hangup():
+    """The watch's thread may find a connection its own thread closed a moment before (the race the
+    hostile sweep's thread death came from): no exception, no cancel."""
+    a, b = socket.socketpair()
+    a.close()
+    assert session_socket._hung_up(a) is False
+    b.close()
