@@ -142,7 +142,7 @@ class HopsServicer:
     def stream_place(self):
         return contextlib.nullcontext()
 
-    def generate_events(self, request, gone):
+    def session_events(self, request, gone):
         if self.engine is None:
             yield pb2.GenerateEvent(token_id=-1, finish_reason="length")
             return
@@ -150,8 +150,6 @@ class HopsServicer:
         self.engine.inbox.put(box.put)
         box.get()
         yield pb2.GenerateEvent(token_id=-1, finish_reason="length")
-
-    chat_events = generate_events
 
 
 def socket_ms(path: str, reps: int) -> float:

@@ -1,10 +1,9 @@
-"""The gRPC edge: a thin servicer (proto <-> host calls), errors mapped to status codes in one
-place, and create_server (kept apart from serve, as in the gRPC examples; the token interceptor
+"""The gRPC edge: a thin servicer (proto <-> host calls), errors mapped to status codes by
+grpc_status's one map, and create_server (kept apart from serve, as in the gRPC examples; the token interceptor
 and the health service are minferd.auth's)."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import queue
@@ -18,70 +17,22 @@ from grpc_health.v1 import health, health_pb2_grpc
 from minferd import config, reflection_v1
 from minferd._proto import pb2, pb2_grpc
 from minferd.auth import GatedHealth, TokenAuth
-from minferd.decode_guard import DecodeGuard, Refused
+from minferd.decode_guard import DecodeGuard
 from minferd.devices import MatmulPath
-from minferd.errors import (
-    Aborted,
-    Busy,
-    Conflict,
-    InvalidRequest,
-    MinferdError,
-    ModelFileError,
-    NotFound,
-    PermissionDenied,
-)
+from minferd.errors import Busy, InvalidRequest
 from minferd.fleet import Fleet
+from minferd.grpc_status import edge, status_code
 from minferd.host import LoadOptions
 from minferd.idle_streams import IdleStreams
 from minferd.model.sampler import SamplingParams
 from minferd.paths import open_model_source
-from minferd.pool.ledger import PoolExhausted
 from minferd.priority import lower_this_thread
 from minferd.request_checks import bound, check_chat, check_room, check_text_fits, keep_alive_seconds, utf8_len
 
 log = logging.getLogger("minferd")
 
-STATUS = {  # the one map from domain errors to gRPC status codes
-    ModelFileError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Conflict: grpc.StatusCode.FAILED_PRECONDITION,
-    Aborted: grpc.StatusCode.ABORTED,  # its model was unloaded under it
-    MemoryError: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a device out of memory mid-request (CuPy's too)
-    Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,  # every generation place taken: a full queue
-}
 PATHS = {pb2.W16: MatmulPath.W16, pb2.MMQ: MatmulPath.MMQ, pb2.FUSED_B: MatmulPath.FUSED_B}
 SERVICE = "minferd.v1.Minferd"
-
-
-def status_code(e: BaseException) -> grpc.StatusCode:
-    for cls, code in STATUS.items():
-        if isinstance(e, cls):
-            return code
-    return grpc.StatusCode.UNAVAILABLE if isinstance(e, MinferdError) else grpc.StatusCode.INTERNAL
-
-
-def _edge(method):
-    """Run a servicer method; a domain error aborts the call with its mapped code."""
-    def unary(self, request, context):
-        try:
-            return method(self, request, context)
-        except Exception as e:
-            self._abort(context, e)
-
-    def streaming(self, request, context):
-        try:
-            yield from method(self, request, context)
-        except Refused:
-            raise
-        except Exception as e:
-            self._abort(context, e)
-
-    wrapper = streaming if inspect.isgeneratorfunction(method) else unary
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
 
 
 def model_info(d: dict) -> pb2.ModelInfo:
@@ -129,7 +80,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
     def _abort(self, context, e: BaseException):
         context.abort(*self.refusal(e))
 
-    @_edge
+    @edge
     def LoadModel(self, request, context):
         if request.matmul_path != pb2.MATMUL_PATH_AUTO and request.matmul_path not in PATHS:
             # proto3 enums are open: an unknown number silently meant "auto"
@@ -165,16 +116,16 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         yield pb2.LoadProgress(phase="ready", bytes_done=1, bytes_total=1,
                                model=model_info(self.host.model_info(box["lm"])))
 
-    @_edge
+    @edge
     def UnloadModel(self, request, context):
         freed = self.host.unload(request.name)
         return pb2.UnloadModelResponse(name=request.name, freed_bytes=freed)
 
-    @_edge
+    @edge
     def ListModels(self, request, context):
         return pb2.ListModelsResponse(models=[model_info(m) for m in self.host.status()["models"]])
 
-    @_edge
+    @edge
     def ListAvailable(self, request, context):
         from minferd.available import available
         return pb2.ListAvailableResponse(models=[
@@ -182,7 +133,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
                                **({"bytes": pb2.ByKind(**m["bytes"])} if "bytes" in m else {}))
             for m in available(self.host, self.models_dirs)])
 
-    @_edge
+    @edge
     def GetStatus(self, request, context):
         st = self.host.status()
         return pb2.Status(pool=pb2.PoolInfo(**st["pool"]), models=[model_info(m) for m in st["models"]],
@@ -195,7 +146,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         if request.HasField("keep_alive_seconds"):
             self.host.set_keep_alive(request.model, keep_alive_seconds(request.keep_alive_seconds))
 
-    @_edge
+    @edge
     def Generate(self, request, context):
         with self.stream_place():
             yield from self.generate_events(request, cancelled_event(context))
@@ -217,7 +168,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         if sp.HasField("max_tokens"):
             check_room(len(ids), sp.max_tokens, self.host.get(model).ctx)
 
-    @_edge
+    @edge
     def Chat(self, request, context):
         with self.stream_place():
             yield from self.chat_events(request, cancelled_event(context))
@@ -233,17 +184,21 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         self._check_room(request.model, ids, request.sampling)
         yield from self._stream(request.model, ids, sampling(request.sampling), gone)
 
-    @_edge
+    @edge
     def Session(self, requests, context):
         """Generate and Chat requests in turn over one call (the proto says why); a request that
         fails ends the session with its status, as it would end its own call."""
         with self.stream_place():
             gone = cancelled_event(context)
             for request in self.idle_streams.requests(requests, context.cancel):
-                kind = request.WhichOneof("request")
-                if kind is None:
-                    raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
-                yield from (self.generate_events if kind == "generate" else self.chat_events)(getattr(request, kind), gone)
+                yield from self.session_events(request, gone)
+
+    def session_events(self, request: pb2.SessionRequest, gone: threading.Event):
+        """One request of a Session (over gRPC or the session socket): its Generate's or Chat's events."""
+        kind = request.WhichOneof("request")
+        if kind is None:
+            raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
+        yield from (self.generate_events if kind == "generate" else self.chat_events)(getattr(request, kind), gone)
 
     def _stream(self, model, ids, params, gone: threading.Event):
         t0 = time.perf_counter()
@@ -274,13 +229,13 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             if self.metrics:
                 self.metrics.request(model, outcome, len(ids), generated, time.perf_counter() - t0, timings)
 
-    @_edge
+    @edge
     def Tokenize(self, request, context):
         bound("text", utf8_len(request.text), config.MAX_TOKENIZE_BYTES, "bytes")
         add = request.add_special if request.HasField("add_special") else True
         return pb2.TokenizeResponse(ids=self.host.get(request.model).ws.tokenizer.encode(request.text, add_special=add))
 
-    @_edge
+    @edge
     def Detokenize(self, request, context):
         bound("ids", len(request.ids), config.MAX_DETOKENIZE_IDS, "ids")
         tok = self.host.get(request.model).ws.tokenizer
@@ -293,7 +248,7 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
         bound("ids", tok.decoded_bytes(ids), config.MAX_TOKENIZE_BYTES, "bytes of text", "would decode to")
         return pb2.DetokenizeResponse(text=tok.decode(ids))
 
-    @_edge
+    @edge
     def SetModelOptions(self, request, context):
         keep = keep_alive_seconds(request.keep_alive_seconds) if request.HasField("keep_alive_seconds") else None
         if request.HasField("pinned"):
@@ -302,12 +257,12 @@ class MinferdServicer(pb2_grpc.MinferdServicer):
             self.host.set_keep_alive(request.name, keep)
         return model_info(self.host.model_info(self.host.get(request.name)))
 
-    @_edge
+    @edge
     def Demote(self, request, context):
         self.host.demote(request.name)
         return model_info(self.host.model_info(self.host.get(request.name)))
 
-    @_edge
+    @edge
     def Promote(self, request, context):
         self.host.promote(request.name)  # waits for requests in flight; PoolExhausted with the numbers
         return model_info(self.host.model_info(self.host.get(request.name)))

@@ -242,20 +242,14 @@ class SessionSocket:
             with self._lock:
                 self._waiting.discard(conn)
         try:
-            request = pb2.SessionRequest.FromString(frame)
+            return pb2.SessionRequest.FromString(frame)
         except DecodeError as e:
             raise InvalidRequest(f"session socket: a frame is not a SessionRequest ({excerpt(str(e))})") from None
-        kind = request.WhichOneof("request")
-        if kind is None:
-            raise InvalidRequest("Session: a SessionRequest must hold a generate or a chat request")
-        return kind, getattr(request, kind)
 
-    def _answer(self, conn: socket.socket, request, watched: list) -> bool:
+    def _answer(self, conn: socket.socket, request: pb2.SessionRequest, watched: list) -> bool:
         """Streams one request's events; False where the connection ends with it."""
-        kind, body = request
         gone = watched[1] = threading.Event()
-        run = self.servicer.generate_events if kind == "generate" else self.servicer.chat_events
-        events = run(body, gone)
+        events = self.servicer.session_events(request, gone)
         try:
             for e in events:
                 try:
