@@ -58,26 +58,32 @@ export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.devcarry/cupy_cache}
 # kernels, the way to prune the carried cache, which only grows. WARM=1: `minferd warmup` first,
 # every kernel part compiled 8 at a time (~33 s cold), where the stages would compile them in turn.
 mkdir -p "$CUPY_CACHE_DIR"
-# One tar: the device tool returns a bounded number of files.
-# At most 8 files come back: past 7 (the cache is the 8th), the JSON files travel as one tar.
+# At most 8 files come back: the cupy cache, llama.cpp's binary parts (bench/llama_bin.sh) and the
+# call's own run.log travel as they are; past 8 in all, every other file travels in one logs.tgz.
 pack() {
-  if [ "$(ls "$OUT" | wc -l)" -gt 7 ] && ls "$OUT"/*.json > /dev/null 2>&1; then
-    tar -C "$OUT" -czf "$OUT/json.tgz" $(cd "$OUT" && ls *.json) && rm -f "$OUT"/*.json
-  fi
   tar -C "$CUPY_CACHE_DIR" -czf "$OUT/cupy_cache.tgz" . 2>/dev/null; ls -la "$OUT/cupy_cache.tgz"
+  local rest; rest=$(cd "$OUT" && ls | grep -v -e '^cupy_cache\.tgz$' -e '^llama-bin\.' -e '^run\.log$' -e '^logs\.tgz$')
+  if [ "$(ls "$OUT" | wc -l)" -gt 8 ] && [ -n "$rest" ]; then
+    tar -C "$OUT" -czf "$OUT/logs.tgz" $rest && (cd "$OUT" && rm -f $rest)
+  fi
 }
 trap pack EXIT
 [ -n "${WARM:-}" ] && { /usr/bin/time -f "warmup %e s wall" python3 -m minferd.cli warmup --device cuda 2>&1 | tail -3 | tee "$OUT/warmup.log"; }
 stage=${1:-all}; shift || true
 want() { [ "$stage" = "$1" ] || [ "$stage" = all ]; }
-# llama.cpp built in the background (carry .llama), its pid in $build; a warm machine keeps /tmp, so a
-# second call skips the build. LLAMA=0: none (the stages then leave llama.cpp's columns out).
+# llama.cpp in the background (carry .llama), its pid in $build: a warm machine keeps /tmp, so a second
+# call has it; else the binaries a build of an earlier call packed into .llama (bench/llama_bin.sh:
+# seconds, not the 4-6 minutes of a build); else built, and packed into $OUT for the next call
+# (`bash bench/llama_bin.sh fetch FILES_AT` here). LLAMA=0: none (the stages then leave llama.cpp's
+# columns out).
 llama_bg() {
   if [ "${LLAMA:-1}" = 0 ]; then (exit 1) &
   elif [ -x /tmp/llama/build/bin/llama-bench ]; then (exit 0) &
+  elif bash bench/llama_bin.sh unpack 2>&1 | tee "$OUT/llama-build.log"; [ "${PIPESTATUS[0]}" = 0 ]; then (exit 0) &
   elif [ -f /tmp/llama-build.started ]; then  # the prep stage's build: wait for its exit status
     (for _ in $(seq 400); do [ -f /tmp/llama-build.rc ] && break; sleep 2; done; [ -x /tmp/llama/build/bin/llama-bench ]) &
-  else (bash .llama/llama_cpp.sh build > "$OUT/llama-build.log" 2>&1) &
+  else (bash .llama/llama_cpp.sh build >> "$OUT/llama-build.log" 2>&1 \
+          && bash bench/llama_bin.sh pack "$OUT" >> "$OUT/llama-build.log" 2>&1; [ -x /tmp/llama/build/bin/llama-bench ]) &
   fi; build=$!
 }
 synth() { [ -f /tmp/q$1.gguf ] || python3 -m minferd.cli synth --arch $2 --preset $3 --quant q4_k_m --random-blocks /tmp/q$1.gguf; }
@@ -170,7 +176,7 @@ fi
 if [ "$stage" = prep ]; then
   # For the next call on this (warm) machine: llama.cpp built by a process that outlives this call
   # (setsid), and the model files synthesized (MODELS="05b 7b 8b" dense, MOE_MODELS="30b 20b").
-  [ -x /tmp/llama/build/bin/llama-bench ] || [ -f /tmp/llama-build.started ] || { touch /tmp/llama-build.started
+  [ -x /tmp/llama/build/bin/llama-bench ] || bash bench/llama_bin.sh unpack || [ -f /tmp/llama-build.started ] || { touch /tmp/llama-build.started
     setsid bash -c 'bash .llama/llama_cpp.sh build > /tmp/llama-build.log 2>&1; echo $? > /tmp/llama-build.rc' < /dev/null & }
   for m in ${MODELS:-}; do q$m; done
   for m in ${MOE_MODELS:-}; do synth_moe $m; done

@@ -3,9 +3,13 @@ socket) whose modules are stamped (bench/ttft_split_site), REPS one-token genera
 of TOKENS ids, and the median time of each stamp from the client's call, the client's receipt last.
 
     python bench/ttft_split.py MODEL [--device cuda] [--tokens 16] [--reps 150] [--lines] [--session | --socket]
+        [--null-forward] [--bare] [--profile FILE]
 
 --session sends the requests in turn on one Session stream instead of a Generate call each, --socket
-on the daemon's session socket.
+on the daemon's session socket. --null-forward (a CPU daemon) leaves the model's arithmetic out (the
+site's doc says how): the daemon's own time around a step, which a GPU host's TTFT pays too. --bare
+makes no stamps and prints the client's times alone; --profile FILE (with --socket) writes cProfile's
+stats of the daemon's handling of each request.
 
 --lines also times every line the engine thread runs in the backend's and the engine's files
 (sitecustomize.LINE_FILES): a request's total per line, largest first. Tracing slows each line
@@ -39,11 +43,13 @@ from minferd.spawn import start_daemon, stop_daemon  # noqa: E402
 WARM_REPS = 50  # requests before the timed ones (graphs captured, caches warm)
 
 
-def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path,
-        on_session: str = "") -> list[tuple[int, int]]:
-    """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`."""
+def run(model: Path, device: str, tokens: int, reps: int, lines: bool, stamps: Path | None,
+        on_session: str = "", null_forward: bool = False) -> list[tuple[int, int]]:
+    """(call, receipt) perf_counter_ns of each timed request; the daemon's stamps in `stamps`
+    (None: none made)."""
     # start_daemon hands this process's environment to the daemon (a one-shot script: no restore)
-    os.environ.update({"MINFERD_STAMPS": str(stamps), "MINFERD_STAMP_LINES": "1" if lines else "",
+    os.environ.update({"MINFERD_STAMPS": str(stamps or ""), "MINFERD_STAMP_LINES": "1" if lines else "",
+                       "MINFERD_NULL_FORWARD": "1" if null_forward else "",
                        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "bench" / "ttft_split_site"),
                                                                  os.environ.get("PYTHONPATH")) if p)})
     tmp = tempfile.TemporaryDirectory(prefix="minferd-split-", dir="/tmp")
@@ -107,14 +113,31 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=150)
     ap.add_argument("--lines", action="store_true")
+    ap.add_argument("--null-forward", action="store_true",
+                    help="the model's passes return a fixed row of logits at once, on the request's thread "
+                         "(a device engine's way): the daemon's own time, on a machine without the GPU")
+    ap.add_argument("--bare", action="store_true", help="no stamps: only the client's times (stamps cost ~1 us each)")
+    ap.add_argument("--profile", type=Path, help="with --socket: cProfile's stats of the daemon's request handling "
+                    "to this file (read with python -m pstats)")
     ap.add_argument("--session", action="store_const", const="session", dest="way", default="",
                     help="the requests on one gRPC Session stream")
     ap.add_argument("--socket", action="store_const", const="socket", dest="way",
                     help="the requests on the daemon's session socket (minferd.Client's way)")
     args = ap.parse_args()
+    if args.profile:
+        if args.way != "socket":
+            ap.error("--profile times the session socket's handling: add --socket")
+        os.environ["MINFERD_PROFILE"] = str(args.profile.resolve())
     with tempfile.TemporaryDirectory(prefix="minferd-stamps-") as d:
-        stamps = Path(d) / "stamps.tsv"
-        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps, args.way)
+        stamps = None if args.bare else Path(d) / "stamps.tsv"
+        calls = run(args.model.resolve(), args.device, args.tokens, args.reps, args.lines, stamps, args.way,
+                    args.null_forward)
+        if stamps is None:
+            us = sorted((got - t) / 1e3 for t, got in calls)
+            print(f"{args.model.name}: {args.tokens}-token prompt, 1 token, {len(us)} requests "
+                  f"({args.way or 'call'}{', null forward' if args.null_forward else ''}): client's time to the first "
+                  f"token, us: p10 {us[len(us) // 10]:.1f}  median {statistics.median(us):.1f}  p90 {us[len(us) * 9 // 10]:.1f}")
+            return 0
         at, lines = split(calls, stamps)
     print(f"{args.model.name} on {args.device}: {args.tokens}-token prompt, 1 token, {len(calls)} requests "
           f"({ {'session': 'on one Session', 'socket': 'on the session socket'}.get(args.way, 'a Generate call each')}); "

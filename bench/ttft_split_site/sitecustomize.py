@@ -2,13 +2,20 @@
 no-op anywhere else: with MINFERD_STAMPS=FILE it stamps (perf_counter_ns, one clock for every
 process of the machine) where a request is on its way through the daemon, and writes them to FILE
 at exit. MINFERD_STAMP_LINES=1 adds every line the engine thread runs in the files of LINE_FILES:
-the gaps between them show where it waits (a copy, a launch, a sync); tracing slows each line."""
+the gaps between them show where it waits (a copy, a launch, a sync); tracing slows each line.
+
+MINFERD_NULL_FORWARD=1 (with or without stamps): the CPU backend's passes return a fixed row of
+logits at once and run on a request's own thread as a device backend's do (caller_steps), so what
+is timed is the daemon's own Python around an engine step, the model's arithmetic left out (on a
+GPU host that arithmetic is a graph's replay, which this machine cannot run). MINFERD_PROFILE=FILE:
+cProfile's stats of the session socket's request handling (one connection at a time) to FILE."""
 import atexit
 import os
 import threading
 import time
 
 STAMPS = os.environ.get("MINFERD_STAMPS")
+NULL_FORWARD = os.environ.get("MINFERD_NULL_FORWARD") == "1"
 LINE_FILES = ("backend/cuda.py", "backend/cuda_graph.py", "backend/cuda_sample.py", "backend/batch.py",
               "engine/engine.py", "kernels/sample.py", "kernels/launch.py")
 
@@ -103,5 +110,48 @@ def _install():
     patch()  # the daemon's modules, imported here rather than by serve: the same ones
 
 
+def _profile(path):
+    """cProfile over each request's handling on the session socket (its connection's thread: the
+    request's own step included where it runs one), written to path at exit."""
+    import cProfile
+
+    import minferd.session_socket as session_socket
+
+    prof, answer = cProfile.Profile(), session_socket.SessionSocket._answer
+
+    def profiled(self, conn, request, watched):
+        prof.enable()
+        try:
+            return answer(self, conn, request, watched)
+        finally:
+            prof.disable()
+
+    session_socket.SessionSocket._answer = profiled
+    atexit.register(prof.dump_stats, path)
+
+
+def _null_forward():
+    import numpy as np
+
+    from minferd.backend.cpu import CpuBackend
+
+    rows = {}
+
+    def forward(self, model, batch, cache):
+        n = batch.n_seqs
+        if (n, model) not in rows:  # token 7 wins every greedy pick
+            rows[n, model] = np.zeros((n, model.spec.n_vocab), np.float32)
+            rows[n, model][:, 7] = 1.0
+        return rows[n, model]
+
+    CpuBackend.run = forward
+    CpuBackend.caller_steps = True
+    CpuBackend.runs_anywhere = lambda self, model, batch, cache: True
+
+
+if NULL_FORWARD:
+    _null_forward()
+if os.environ.get("MINFERD_PROFILE"):
+    _profile(os.environ["MINFERD_PROFILE"])
 if STAMPS:
     _install()

@@ -32,14 +32,13 @@ class Batch:
         """seqs: (new token ids, position of the first, block table) per sequence."""
         w = width or max(len(t) for _, _, t in seqs)
         tables = np.full((len(seqs), max(w, 1)), -1, np.int32)
-        if all(len(toks) == 1 for toks, _, _ in seqs):  # a decode step: no per-sequence arrays
-            for b, (_, _, table) in enumerate(seqs):
+        if all(len(toks) == 1 for toks, _, _ in seqs):  # a decode step: lists, then one array each
+            for b, (_, _, table) in enumerate(seqs):  # (a short prompt's first token pays each NumPy call)
                 tables[b, :len(table)] = table
-            ids = np.fromiter((toks[0] for toks, _, _ in seqs), np.int32, len(seqs))
-            positions = np.fromiter((first for _, first, _ in seqs), np.int32, len(seqs))
-            slots = tables[np.arange(len(seqs)), positions // block_size] * block_size + positions % block_size
-            return cls(ids, positions, slots.astype(np.int32), np.arange(len(seqs) + 1, dtype=np.int32),
-                       positions + 1, tables, block_size)
+            firsts = [first for _, first, _ in seqs]
+            return cls(np.array([toks[0] for toks, _, _ in seqs], np.int32), np.array(firsts, np.int32),
+                       np.array([t[p // block_size] * block_size + p % block_size for (_, p, t) in seqs], np.int32),
+                       np.arange(len(seqs) + 1, dtype=np.int32), np.array(firsts, np.int32) + 1, tables, block_size)
         ids, pos, starts, lens = [], [], [0], []
         for b, (toks, first, table) in enumerate(seqs):
             ids.extend(toks)

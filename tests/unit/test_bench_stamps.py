@@ -17,3 +17,15 @@ def test_every_stamped_method_exists_as_the_kind_it_is_wrapped_as():
         f = getattr(cls, name, None)
         assert callable(f), f"{cls.__name__}.{name} (stamp {label}) is gone"
         assert inspect.isgeneratorfunction(f) == generator, f"{cls.__name__}.{name}: generator={generator}"
+
+
+def test_what_the_null_forward_and_the_profile_replace_exists():
+    """MINFERD_NULL_FORWARD and MINFERD_PROFILE replace these by name (a rename would leave the
+    bench timing the real forward, or nothing)."""
+    from minferd.backend.base import Backend
+    from minferd.backend.cpu import CpuBackend
+    from minferd.session_socket import SessionSocket
+    assert inspect.signature(CpuBackend.run).parameters.keys() == {"self", "model", "batch", "cache"}
+    assert inspect.signature(Backend.runs_anywhere).parameters.keys() == {"self", "model", "batch", "cache"}
+    assert CpuBackend.caller_steps is False  # what the null forward turns on, as a device backend has it
+    assert inspect.signature(SessionSocket._answer).parameters.keys() == {"self", "conn", "request", "watched"}
