@@ -268,6 +268,18 @@ class Backend(ABC):
         self.kv_write(cache, layer, batch, k, v)
         return q
 
+    def qkv_rope_kv(self, x, ws: list[Weight], biases: list, cache: KVCache, layer: int, batch, base: float,
+                    scale: float, freq_factors=None):
+        """q / k / v's products with rope_kv's work done inside them (the CUDA backend's decode
+        mat-vec epilogue: kernels/mmvq_rope_kv.py): the rotated q (n, Hq * D), K and V written; or
+        None where this step cannot, and the caller runs matmuls then rope_kv."""
+        return None
+
+    # Whether a model's q and k rows are stored reordered for adjacent rope pairs (model/rope_rows.py:
+    # what qkv_rope_kv needs of a neox model); the model then runs normal rope.
+    def pairs_rope_rows(self, spec) -> bool:
+        return False
+
     @abstractmethod
     def attention(self, q, cache: KVCache, layer: int, batch, window: int, scale: float, sinks: Weight | None = None):
         """Causal GQA attention of q (n, Hq, D), each sequence of the batch over its own keys in

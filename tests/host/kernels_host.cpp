@@ -59,6 +59,8 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 static inline int __shfl_xor_sync(unsigned, int v, int) { return v; }
+typedef _Float16 __half;  // mmvq.cu's rope / KV epilogue (compiled here, not run)
+static inline __half __float2half_rn(float x) { return (_Float16)x; }
 static inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short f2h_rn(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
 #include "dequant.cu"

@@ -24,6 +24,18 @@ def test_kernel_module_compiles(name):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_the_pending_rope_kv_instances_compile():
+    """mmvq_rope_kv's instances (kernels/mmvq_rope_kv.py, the pending path qkv_rope) compile on
+    demand, outside mmvq's names(): here the ones a dense model's decode launches."""
+    code = ("import sys; sys.path.insert(0, 'bench'); import nvrtc_check as c; "
+            "from minferd.kernels.mmvq_rope_kv import names; "
+            "sys.exit(c.compile_module(c._lib(), 'mmvq', names()))")  # _lib: exit 3 without NVRTC
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600, **NICE)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_every_module_compiles_with_no_instances():
     """The part kernel() takes extern "C" kernels from (kernels/__init__.py): no template
     instance, so nothing a module's templates would pull in may be needed by its plain kernels."""

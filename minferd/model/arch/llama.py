@@ -125,12 +125,19 @@ class LlamaModel:
     def attention(self, i: int, x, batch: Batch, cache: KVCache):
         """Project, rope, cache and attend; returns the attention output before attn_output."""
         s, be = self.spec, self.be
-        q, k, v = self.qkv(i, x)
         swa = s.swa_layers[i]
         base = s.rope_base_swa if swa else s.rope_base
         scale = 1.0 if swa else s.rope_scale
         neox = s.rope_type == "neox"
-        q = be.rope_kv(q, k, v, cache, i, batch, base, scale, neox, self.freq_factors, self.qk_norm(i))
+        q = None
+        if not neox and not s.qk_norm:  # rope pairs in adjacent rows: the products may end in rope_kv's work
+            names = [f"blk.{i}.attn_{m}" for m in "qkv"]
+            q = be.qkv_rope_kv(x, [self.w[m + ".weight"] for m in names], [self.w.get(m + ".bias") for m in names],
+                               cache, i, batch, base, scale, self.freq_factors)
+        if q is None:
+            q, k, v = self.qkv(i, x)
+            q = be.rope_kv(q, k, v, cache, i, batch, base, scale, neox, self.freq_factors, self.qk_norm(i))
+        q = q.reshape(x.shape[0], s.n_heads, s.head_dim)
         window = s.sliding_window if swa else 0
         return be.attention(q, cache, i, batch, window, s.attn_scale)
 
