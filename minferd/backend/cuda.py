@@ -14,7 +14,7 @@ import logging
 import cupy as cp
 import numpy as np
 
-from minferd.backend import cuda_attention, cuda_sample, gates
+from minferd.backend import cuda_attention, cuda_sample, gates, pending
 from minferd.config import valve
 from minferd.backend.base import Backend, KVCache, Sampled, Weight, reads_history
 from minferd.backend.cuda_graph import BUCKETS, PREFILL_BUCKETS, DecodeGraph, PrefillGraph, decode_bucket, prefill_bucket
@@ -22,11 +22,11 @@ from minferd.backend.cuda_memory import Arena, DeviceMemory  # noqa: F401 - Devi
 from minferd.backend.cuda_matmul import MMVQ_MAX_BATCH, CudaMatmuls
 from minferd.backend.cuda_moe import CudaMoe
 from minferd.backend.cuda_ops import CudaOps
-from minferd.kernels import tcgemv
+from minferd.kernels import mmvq_rope_kv, tcgemv
 from minferd.kernels.dequant import dequant_f16, dequant_rows
 from minferd.kernels.launch import programmatic, rows_limit
 from minferd.kernels.dequant_ref import dequantize
-from minferd.kernels.quant import QuantType, row_bytes
+from minferd.kernels.quant import QuantType, by_id, row_bytes
 
 from minferd.devices import CUDA_GRAPH_ROWS, CUDA_MAX_BATCH, PROMPT_GRAPH_ROWS, device_moe
 
@@ -207,6 +207,8 @@ class CudaBackend(CudaOps, CudaMatmuls, CudaMoe, Backend):
         from minferd.kernels.precompile import compile_parts, parts_for
         try:
             compile_parts(parts_for(set(type_ids) | {0, 1}, head_dims), self.memory.device_id)
+            if pending.ready("qkv_rope"):  # compiled apart while pending: loaded before a capture needs them
+                mmvq_rope_kv.load([by_id(t).name for t in type_ids])
         except Exception as e:  # noqa: BLE001 - the pass that needs a failed part compiles it and raises there
             log.warning("compiling the kernels ahead failed (%s: %s); they compile when first run",
                         type(e).__name__, str(e)[:200])

@@ -13,13 +13,17 @@ odd too, `shape` says None and the caller keeps the unfused way.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernel
 from .dequant import check_rows
-from .mmvq import (CONFIGS, MAX_GROUP, WIDE_UNITS, Config, _check_f32, _check_scratch, _check_x, _fn_any, _ptr,
+from .mmvq import (CONFIGS, MAX_GROUP, QUANT_TYPES, WIDE_UNITS, Config, _check_f32, _check_scratch, _check_x, _ptr,
                    _qt, _stream, bucket, quantize_x, shape_class, xq_layout)
+from .mmvq_shapes import CLASSES
+from .quant import TYPES
 
 OUT, ROPE, ROPE_K, V = 0, 1, 2, 3  # mmvq.cu's EPI_*
 PAIRED = (ROPE, ROPE_K)
@@ -57,11 +61,10 @@ def shape(qt, n: int, rows: list[int], K: int, modes) -> Config | None:
     return cfg
 
 
-def names(types=("Q4_K", "Q6_K", "Q5_0", "Q8_0")) -> tuple[str, ...]:
-    """The instances a dense model's decode steps of these types launch (compiled on demand while
-    the path is pending; tests/unit/test_kernels_compile.py compiles them where CI can)."""
-    from .mmvq_shapes import CLASSES
-    from .quant import TYPES
+def names(types=QUANT_TYPES) -> tuple[str, ...]:
+    """The instances decode steps of these types launch: compiled a type at a time (kernels/
+    __init__.py's parts) by load() while the path is pending; tests/unit/test_kernels_compile.py
+    compiles those of a Q4_K_M model's types where CI can."""
     out = []
     for name in types:
         qt = TYPES[name]
@@ -74,6 +77,19 @@ def names(types=("Q4_K", "Q6_K", "Q5_0", "Q8_0")) -> tuple[str, ...]:
                         if n == 1 and name in WIDE_UNITS:
                             out += [kernel_name(qt, 1, cfg, True)]
     return tuple(dict.fromkeys(out))
+
+
+def load(type_names) -> None:
+    """Compile and load the instances a model of these types launches now, at its load: a decode
+    graph's capture would otherwise load them in the middle of a capture (CudaBackend.precompile)."""
+    for name in names(tuple(t for t in type_names if t in QUANT_TYPES)):
+        _fn(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _fn(name: str):
+    listed = names()
+    return kernel("mmvq", name, listed if name in listed else (name,))
 
 
 # A (rows, K) of each shape class (mmvq_shapes.shape_class), for names().
@@ -139,7 +155,7 @@ def mmvq_rope_kv(qt, ws, x, modes, outs, rc: RopeCache, *, scratch, x_quantized:
     cta1, cta2 = ctas[0], ctas[0] + (ctas[1] if len(ctas) > 1 else 0)
     p = scratch.data.ptr
     with _stream(stream):
-        _fn_any(kernel_name(qt, bucket(n), cfg, wide))(
+        _fn(kernel_name(qt, bucket(n), cfg, wide))(
             (sum(ctas),), (nw * 32,),
             (*W, *(np.int32(m) for m in R), np.int32(cta1), np.int32(cta2), *O, *B,
              np.int64(rb), np.int32(K // qt.block_elems), np.uint64(p), np.uint64(p + off),
