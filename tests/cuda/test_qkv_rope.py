@@ -108,6 +108,7 @@ def logits_by_step(path: str, steps: int = 12):
         cache = m.new_cache(m.be.untracked(), 128)
         prefill(m, np.arange(300, 320), cache)
         out = [m.be.to_host(decode_one(m, 400 + t, cache))[0] for t in range(steps)]
+        assert m.be.graphs and not any(g.eager for g in m.be.graphs.values())  # captured, the fused launch too
         return np.array(out), m.spec.rope_type
     finally:
         lm.close()
