@@ -2,12 +2,15 @@
 A stand-in llama-bench (a script) and library here; the real ones run on the device."""
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "llama_bin.sh"
+pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("xz", "sha256sum", "split", "tar")),
+                                reason="llama_bin.sh needs xz, sha256sum, split and tar")
 
 
 def llama_bin(env, *args):
