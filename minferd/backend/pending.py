@@ -81,7 +81,7 @@ PATHS: dict[str, str] = {
     "qkv_rope": "q / k / v mat-vecs with rope and the KV write in their epilogue (kernels/mmvq_rope_kv.py, "
                 "cuda_matmul.qkv_rope_kv, model/rope_rows.py): test_qkv_rope.py "
                 "test_the_launch_is_mmvq_then_rope_kv_bit_for_bit, test_off_or_past_the_matvec_rows_it_declines, "
-                "test_a_model_decodes_the_same_with_the_path_on",
+                "test_a_model_decodes_the_same_with_the_path_on, test_the_launcher_refuses_bad_arguments",
 }
 
 

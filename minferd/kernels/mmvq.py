@@ -13,7 +13,8 @@ pool that does not call cudaMalloc, as the CUDA backend's arena).
 (or gate/up), which share their input, quantize it once.
 
 The MoE launcher over expert ids (mmvq.cu's mmvq_ids) is in mmvq_ids.py; its instances are
-named here, with the module's others.
+named here, with the module's others. mmvq_rope_kv.py launches mmvq_rope_kv (q / k / v ending in
+rope and the KV write; a pending path, its instances named there).
 
 Kernel shapes (warps per CTA, warps splitting K, rows per warp group, units in flight per
 lane) are per type, batch bucket and shape class in CONFIGS (mmvq_shapes.py), chosen from

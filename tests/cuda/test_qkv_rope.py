@@ -133,3 +133,33 @@ def test_a_model_decodes_the_same_with_the_path_on(synth_model, arch, quant, mon
     # the same products; attention's dot products meet in another order where the rows were reordered
     assert np.abs(got - off).max() <= 1e-4 * np.abs(off).max()
     assert (got.argmax(-1) == off.argmax(-1)).all()
+
+
+def test_the_launcher_refuses_bad_arguments(be):
+    """Checked before anything is launched: each names the argument."""
+    from minferd.kernels.mmvq_rope_kv import OUT, RopeCache, mmvq_rope_kv
+    from minferd.kernels.mmvq import scratch_bytes
+    w = weight("Q4_K", 256, 256).data
+    x = cp.ones((1, 256), cp.float32)
+    out = cp.empty((1, 256), cp.float32)
+    scratch = cp.empty(scratch_bytes(1, 256), cp.uint8)
+    k = cp.zeros((64, 2, 128), cp.float16)
+    pos = slots = cp.zeros(1, cp.int32)
+    rc = RopeCache(pos, slots, k, k, 128, 1e4, 1.0)
+    cases = [
+        (dict(modes=[ROPE, ROPE_K], outs=[out]), "a mode and an out slot each"),
+        (dict(modes=[7], outs=[out]), "modes are OUT, ROPE, ROPE_K or V"),
+        (dict(modes=[ROPE], outs=[None]), "needs its out"),
+        (dict(modes=[OUT], outs=[cp.empty((1, 256), cp.float16)]), "out must be C-contiguous float32"),
+        (dict(modes=[ROPE_K], outs=[None], rc=RopeCache(pos, slots, k.astype(cp.float32), k, 128, 1e4, 1.0)),
+         "K cache must be C-contiguous float16"),
+        (dict(modes=[ROPE], outs=[out], rc=RopeCache(pos, slots, k, k, 96, 1e4, 1.0)), "heads of 96"),
+        (dict(modes=[ROPE], outs=[out], rc=RopeCache(pos.astype(cp.int64), slots, k, k, 128, 1e4, 1.0)),
+         "positions must be contiguous int32"),
+        (dict(modes=[OUT], outs=[out], wide=True), "no wide unit for Q4_K"),
+    ]
+    for kw, match in cases:
+        args = dict(modes=kw.pop("modes"), outs=kw.pop("outs"), rc=kw.pop("rc", rc))
+        ws = [w] * len(args["modes"]) if len(args["modes"]) == len(args["outs"]) else [w, w]
+        with pytest.raises(ValueError, match=match):
+            mmvq_rope_kv("Q4_K", ws, x, args["modes"], args["outs"], args["rc"], scratch=scratch, **kw)
