@@ -38,6 +38,8 @@
 #            GATES=Q6_K: on an H200, those types' gate rows re-timed first and the table run on them ($OUT/gates.txt);
 #            END=420: no model started past that many seconds (a one-call plan inside the tool's limit)
 #   (PENDING=1: the pending stage's tests first in the latency and moe stages, while llama.cpp builds)
+#   turns    a pending path's decode in turns against it off (bench/decode_gap.py, the 7B W16 and the 0.5B MMQ;
+#            TURNS="off qkv_rope off qkv_rope"; TESTS first where given)
 #   moe      issue 17's bench: the synthetic qwen3moe 30b-a3b (Q4_K_M; MOE_MODELS="30b 20b" adds gpt-oss 20b)
 #            pp2048 / tg128 per plan (bench.py)
 #            beside llama-bench on the same file (carry .llama), and `minferd plan` at a budget
@@ -330,6 +332,21 @@ if [ "$stage" = latency ]; then
     done
   done
   [ -n "$loaders" ] && kill $loaders
+fi
+if [ "$stage" = turns ]; then
+  # A pending path's decode against the path off, in turns on one machine: bench/decode_gap.py back to
+  # back (the device's own time a token) for each MINFERD_PENDING setting of TURNS ("off": none),
+  # on the 7B (W16 plan) and the 0.5B (MMQ plan); TESTS first where given (the path's own tests).
+  if [ -n "${TESTS:-}" ]; then cuda_tests ${TEST_LIMIT:-200}; fi
+  q7b; q05b
+  for t in ${TURNS:-off qkv_rope off qkv_rope}; do
+    p=$t; [ "$t" = off ] && p=""
+    for mp in 7b:w16 05b:mmq; do
+      echo "# q${mp%%:*}.gguf --path ${mp#*:}, MINFERD_PENDING=$p" | tee -a "$OUT/turns.log"
+      MINFERD_PENDING=$p timeout 200 python3 bench/decode_gap.py /tmp/q${mp%%:*}.gguf --path ${mp#*:} --tokens 200 \
+        --rounds 3 2>&1 | tee -a "$OUT/turns.log" | tail -3
+    done
+  done
 fi
 if [ "$stage" = moe ]; then
   llama_bg
