@@ -42,15 +42,15 @@ def model_info(d: dict) -> pb2.ModelInfo:
                          classes=[pb2.TensorClass(**c) for c in d["classes"]])
 
 
+SAMPLING_CACHE_BYTES = 512  # the largest SamplingParams message sampling() keeps
+
+
 def sampling(p: pb2.SamplingParams) -> SamplingParams:
     # A client's requests mostly repeat their parameters: made and checked once (~15 us a request),
     # found by the message's bytes (~0.5 us); a frozen SamplingParams is safe to share. Only small
     # messages are kept (long stop strings are not: 256 of them could hold a GB).
     raw = p.SerializeToString(deterministic=True)
     return _sampling_cached(raw) if len(raw) <= SAMPLING_CACHE_BYTES else _sampling(p)
-
-
-SAMPLING_CACHE_BYTES = 512
 
 
 @functools.lru_cache(maxsize=256)

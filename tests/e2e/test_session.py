@@ -21,14 +21,20 @@ IDLE = 1.0  # the daemon's --session-idle
 PLACES = 3  # its --max-streams: one more than any test but the idle one holds, for a place still on its way back
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = tmp_path_factory.mktemp("session-models")
+def sessions_daemon(tmp_path_factory, name: str, idle: float, places: int):
+    """A CPU daemon over a tiny model, `places` generation places, sessions idle out after `idle` s
+    (this module's and test_session_socket's fixture)."""
+    d = tmp_path_factory.mktemp(f"{name}-models")
     write_model(d / "tiny.gguf", "qwen2", "tiny", "q8_0", seed=3)
-    daemon = Daemon(tmp_path_factory.mktemp("session-daemon"), "--models-dir", d, "--budget", "256MiB",
-                    "--threads", "1", "--max-streams", PLACES, "--session-idle", IDLE)
+    daemon = Daemon(tmp_path_factory.mktemp(f"{name}-daemon"), "--models-dir", d, "--budget", "256MiB",
+                    "--threads", "1", "--max-streams", places, "--session-idle", idle)
     yield daemon
     assert daemon.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    yield from sessions_daemon(tmp_path_factory, "session", IDLE, PLACES)
 
 
 class Open:
@@ -215,10 +221,10 @@ def test_a_client_dropped_unclosed_closes_its_session(daemon):
     call = c._session._call
     del c  # its place goes back now, not when the daemon finds it idle
     assert call.code() == grpc.StatusCode.CANCELLED
-    c = Client(daemon.address)  # the same on the session socket
-    assert len(when_free(lambda: c.generate("tiny", [5], max_tokens=2, temperature=0))["token_ids"]) == 2
-    sock = c._session.sock
-    del c
+    on_socket = Client(daemon.address)  # the same on the session socket
+    assert len(when_free(lambda: on_socket.generate("tiny", [5], max_tokens=2, temperature=0))["token_ids"]) == 2
+    sock = on_socket._session.sock
+    del on_socket
     assert sock.fileno() == -1
 
 

@@ -18,9 +18,8 @@ import pytest
 from minferd._proto import pb2
 from minferd.client import Client
 from minferd.client_socket import SocketCallError, SocketSession
-from minferd.model.synth import write_model
 from tests.e2e.daemon import Daemon
-from tests.e2e.test_session import when_free
+from tests.e2e.test_session import sessions_daemon, when_free
 
 IDLE = 1.5  # the daemon's --session-idle
 PLACES = 3  # its --max-streams
@@ -29,12 +28,7 @@ HEADER = struct.Struct("<I")
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = tmp_path_factory.mktemp("socket-models")
-    write_model(d / "tiny.gguf", "qwen2", "tiny", "q8_0", seed=3)
-    daemon = Daemon(tmp_path_factory.mktemp("socket-daemon"), "--models-dir", d, "--budget", "256MiB",
-                    "--threads", "1", "--max-streams", PLACES, "--session-idle", IDLE)
-    yield daemon
-    assert daemon.stop() == 0
+    yield from sessions_daemon(tmp_path_factory, "socket", IDLE, PLACES)
 
 
 def path_of(daemon) -> str:
