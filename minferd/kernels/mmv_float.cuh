@@ -1,6 +1,7 @@
 // mmvq.cu's kernels for float weights (x stays f32), included after its shared helpers
 // (warp_sum, store_out).
 #pragma once
+#include "pdl.cuh"
 
 // Float weights: x stays f32 (no reason to round it when W is not quantized). One warp per
 // row (or KW warps: mmv_float_rows), lanes over chunks of VEC elements (VEC 8: 16-byte loads of
